@@ -1,0 +1,51 @@
+"""The exceptions redrive raises. Each names the field and the value that were wrong."""
+
+from __future__ import annotations
+
+
+class RedriveError(Exception):
+    """Base of every error redrive raises on purpose."""
+
+
+class InvalidPolicy(RedriveError, ValueError):
+    """A retry policy or one of its parts was given a value it cannot work with."""
+
+    def __init__(self, field: str, value: object, why: str) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(f"invalid {field}={value!r}: {why}")
+
+
+class MalformedHeader(RedriveError, ValueError):
+    """A redrive header is present but cannot be parsed; routing maps this to reason `malformed`."""
+
+    def __init__(self, header: str, value: bytes | str | None, why: str) -> None:
+        self.header = header
+        self.value = value
+        super().__init__(f"malformed header {header}={value!r}: {why}")
+
+
+class DeliveryFailed(RedriveError):
+    """The broker did not acknowledge a produced record; the caller must not commit past it."""
+
+    def __init__(self, topic: str, partition: int | None, why: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        where = topic if partition is None or partition < 0 else f"{topic}[{partition}]"
+        super().__init__(f"delivery to {where} failed: {why}")
+
+
+class BrokerUnavailable(RedriveError):
+    """No broker answered at the configured bootstrap address."""
+
+    def __init__(self, bootstrap: str, why: str) -> None:
+        self.bootstrap = bootstrap
+        super().__init__(f"no Kafka broker reachable at bootstrap.servers={bootstrap!r}: {why}")
+
+
+class UnknownTopic(RedriveError):
+    """A topic that an operation needs does not exist."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"unknown topic {topic!r}: it does not exist on the cluster")

@@ -1,0 +1,146 @@
+"""Error classifiers: small composable predicates over an error, combined with `|`, `&`, `~`.
+
+They see an ErrorInfo, which carries the class names (with base classes) of the error and its
+causes, so they work the same on a live exception and on an error shipped from a Spark executor.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from redrive.errors import InvalidPolicy
+from redrive.record import ErrorInfo, qualified_name
+
+ErrorLike = BaseException | ErrorInfo
+
+
+class ErrorMatcher:
+    def matches(self, error: ErrorInfo) -> bool:
+        raise NotImplementedError
+
+    def __call__(self, error: ErrorLike) -> bool:
+        return self.matches(ErrorInfo.of(error))
+
+    def __or__(self, other: ErrorMatcher) -> ErrorMatcher:
+        return AnyOf((self, other))
+
+    def __and__(self, other: ErrorMatcher) -> ErrorMatcher:
+        return AllOf((self, other))
+
+    def __invert__(self) -> ErrorMatcher:
+        return Not(self)
+
+
+@dataclass(frozen=True)
+class ByType(ErrorMatcher):
+    """Errors that are instances of one of `names` (qualified class names), or caused by one."""
+
+    names: frozenset[str]
+    causes: bool = True
+
+    def matches(self, error: ErrorInfo) -> bool:
+        return any(self.names.intersection(kinds) for kinds in error.kinds(causes=self.causes))
+
+
+@dataclass(frozen=True)
+class MessageMatches(ErrorMatcher):
+    pattern: re.Pattern[str]
+
+    def matches(self, error: ErrorInfo) -> bool:
+        return self.pattern.search(error.message) is not None
+
+
+@dataclass(frozen=True)
+class Predicate(ErrorMatcher):
+    """The user's own test, given the ErrorInfo (its .exception is the live error, if any)."""
+
+    function: Callable[[ErrorInfo], bool]
+
+    def matches(self, error: ErrorInfo) -> bool:
+        return bool(self.function(error))
+
+
+@dataclass(frozen=True)
+class AnyOf(ErrorMatcher):
+    parts: tuple[ErrorMatcher, ...]
+
+    def matches(self, error: ErrorInfo) -> bool:
+        return any(part.matches(error) for part in self.parts)
+
+
+@dataclass(frozen=True)
+class AllOf(ErrorMatcher):
+    parts: tuple[ErrorMatcher, ...]
+
+    def matches(self, error: ErrorInfo) -> bool:
+        return all(part.matches(error) for part in self.parts)
+
+
+@dataclass(frozen=True)
+class Not(ErrorMatcher):
+    part: ErrorMatcher
+
+    def matches(self, error: ErrorInfo) -> bool:
+        return not self.part.matches(error)
+
+
+@dataclass(frozen=True)
+class Constant(ErrorMatcher):
+    value: bool
+
+    def matches(self, error: ErrorInfo) -> bool:
+        return self.value
+
+
+ANY_ERROR = Constant(True)
+NO_ERROR = Constant(False)
+
+
+def error_type(*types: type[BaseException] | str, causes: bool = True) -> ByType:
+    """Match by exception class (or qualified class name), subclasses included."""
+    names: set[str] = set()
+    for kind in types:
+        if isinstance(kind, str) and kind:
+            names.add(kind)
+        elif isinstance(kind, type) and issubclass(kind, BaseException):
+            names.add(qualified_name(kind))
+        else:
+            raise InvalidPolicy("error type", kind, "expected an exception class or its name")
+    if not names:
+        raise InvalidPolicy("error type", types, "name at least one exception class")
+    return ByType(frozenset(names), causes)
+
+
+def message_matches(pattern: str) -> MessageMatches:
+    try:
+        return MessageMatches(re.compile(pattern))
+    except re.error as exc:
+        raise InvalidPolicy("message pattern", pattern, str(exc)) from exc
+
+
+def predicate(function: Callable[[ErrorInfo], bool]) -> Predicate:
+    if not callable(function):
+        raise InvalidPolicy("predicate", function, "must be callable")
+    return Predicate(function)
+
+
+MatcherSpec = ErrorMatcher | type[BaseException] | str | Iterable[type[BaseException] | str]
+
+
+def as_matcher(spec: MatcherSpec | None, field: str, default: ErrorMatcher) -> ErrorMatcher:
+    """Accept a matcher, an exception class, a class name, or a list of those."""
+    if spec is None:
+        return default
+    if isinstance(spec, ErrorMatcher):
+        return spec
+    if isinstance(spec, str | type):
+        items: list[type[BaseException] | str] = [spec]
+    else:
+        items = list(spec)
+    try:
+        return error_type(*items)
+    except InvalidPolicy as exc:
+        raise InvalidPolicy(field, spec, "expected an ErrorMatcher, exception classes or "
+                            "class names") from exc

@@ -1,0 +1,131 @@
+"""The routing decision, pure: a failed record, its error, the policy and the time -> where it goes.
+
+No I/O happens here; every runtime calls `route` and then produces what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redrive import headers as h
+from redrive import topics
+from redrive.errors import MalformedHeader
+from redrive.headers import Headers
+from redrive.policy import Disposition, RetryPolicy
+from redrive.record import Delivery, ErrorInfo, Origin, Record
+
+
+@dataclass(frozen=True)
+class Retry:
+    topic: str
+    due_ms: int
+    headers: Headers
+    attempt: int  # failed deliveries so far, this one included
+    partition: int | None  # the source partition, kept when the retry topic has it
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    topic: str | None  # None: the policy has no dead-letter topic and the record is dropped
+    headers: Headers
+    reason: str
+    attempt: int
+    partition: int | None
+
+
+Route = Retry | DeadLetter
+
+MALFORMED_PREFIX = "redrive-malformed-"
+
+
+def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy, now_ms: int,
+          *, group: str) -> Route:
+    """Decide where a record that failed in `group` goes next.
+
+    The record's history is read from its headers here, not trusted from the caller, so that a
+    record whose redrive headers cannot be parsed is dead-lettered as `malformed` wherever it
+    fails; the runtime may also pass the MalformedHeader it met as the error.
+    """
+    info = ErrorInfo.of(error)
+    try:
+        delivery = h.read_delivery(record.headers)
+    except MalformedHeader as exc:
+        return _malformed(record, ErrorInfo.from_exception(exc), policy, now_ms, group)
+    if isinstance(error, MalformedHeader):
+        return _malformed(record, info, policy, now_ms, group)
+
+    origin = delivery.original or Origin(record.topic, record.partition, record.offset,
+                                         record.timestamp_ms)
+    attempt = delivery.attempt + 1
+    first_failure = delivery.first_failure_ms if delivery.first_failure_ms is not None \
+        else now_ms
+    plan = topics.plan(policy, origin.topic, group)
+    common: dict[str, str | int | None] = {
+        h.ATTEMPT: attempt,
+        h.GROUP: group,
+        h.FIRST_FAILURE: first_failure,
+        **h.origin_fields(origin),
+        **h.error_fields(info, message_limit=policy.max_error_message_bytes,
+                         trace_limit=policy.max_error_trace_bytes),
+    }
+
+    if policy.disposition(info) is Disposition.DEAD_LETTER:
+        return _dead(plan, record, common, "not-retryable", attempt, origin)
+    if attempt >= policy.max_attempts:
+        return _dead(plan, record, common, "exhausted", attempt, origin)
+    due = now_ms + policy.backoff.delay_ms(attempt)
+    deadline = policy.max_retry_period_ms
+    if deadline is not None and due > first_failure + deadline:
+        return _dead(plan, record, common, "deadline", attempt, origin)
+    retry_topic = plan.retry_topic_for(attempt)
+    updates = {**common, h.DUE: due, h.REASON: None}
+    return Retry(retry_topic.name, due, h.replace(record.headers, updates), attempt,
+                 origin.partition)
+
+
+def _dead(plan: topics.TopicPlan, record: Record, common: dict[str, str | int | None],
+          reason: str, attempt: int, origin: Origin) -> DeadLetter:
+    # A dead letter carries no due time, so that readers of the dead-letter topic never wait.
+    updates = {**common, h.REASON: reason, h.DUE: None}
+    return DeadLetter(plan.dead_letter, h.replace(record.headers, updates), reason, attempt,
+                      origin.partition)
+
+
+def _malformed(record: Record, info: ErrorInfo, policy: RetryPolicy, now_ms: int,
+               group: str) -> DeadLetter:
+    """Dead-letter a record whose redrive headers are unreadable, keeping them renamed.
+
+    The unreadable values stay on the record as `redrive-malformed-<name>`, so nothing of its
+    story is lost and the dead-letter record's own redrive headers parse cleanly.
+    """
+    kept: Headers = []
+    for name, value in record.headers:
+        if name.startswith(h.PREFIX):
+            kept.append((MALFORMED_PREFIX + name[len(h.PREFIX):], value))
+        else:
+            kept.append((name, value))
+    origin = Origin(record.topic, record.partition, record.offset, record.timestamp_ms)
+    plan = topics.plan(policy, _source_topic(record, group), group)
+    updates: dict[str, str | int | None] = {
+        h.ATTEMPT: 1,
+        h.GROUP: group,
+        h.FIRST_FAILURE: now_ms,
+        **h.origin_fields(origin),
+        **h.error_fields(info, message_limit=policy.max_error_message_bytes,
+                         trace_limit=policy.max_error_trace_bytes),
+        h.REASON: "malformed",
+    }
+    return DeadLetter(plan.dead_letter, h.replace(kept, updates), "malformed", 1,
+                      record.partition)
+
+
+def _source_topic(record: Record, group: str) -> str:
+    """The main topic a record belongs to: a retry topic's name starts with it."""
+    marker = f"{topics.SEPARATOR}{group}{topics.SEPARATOR}retry{topics.SEPARATOR}"
+    if marker in record.topic:
+        return record.topic.split(marker, 1)[0]
+    return record.topic
+
+
+def delivery_of(record: Record) -> Delivery:
+    return h.read_delivery(record.headers)

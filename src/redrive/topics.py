@@ -1,0 +1,154 @@
+"""Topic naming and the TopicPlan a policy needs for one (topic, group).
+
+Default naming gives one retry topic per distinct delay (`orders.billing.retry.5m`): records of one
+retry topic all waited the same delay, so due times rise with offsets, and the topic count stays
+bounded however many attempts a policy allows. Per-attempt naming (`orders.billing.retry.2`)
+is the Spring Kafka style.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka.admin import AdminClient
+
+from redrive import kafka
+from redrive.errors import InvalidPolicy, UnknownTopic
+from redrive.policy import Naming, RetryPolicy, format_ms
+
+SEPARATOR = "."
+_LEGAL = re.compile(r"^[A-Za-z0-9._-]+$")
+MAX_TOPIC_LENGTH = 249
+
+
+def check_name(field: str, value: str) -> str:
+    """Topic and group names become parts of topic names, so they must be legal there."""
+    if not isinstance(value, str) or not value:
+        raise InvalidPolicy(field, value, "must be a non-empty string")
+    if not _LEGAL.match(value):
+        raise InvalidPolicy(field, value, "may contain only letters, digits, '.', '_' and '-'")
+    if len(value) > MAX_TOPIC_LENGTH:
+        raise InvalidPolicy(field, value, f"is longer than {MAX_TOPIC_LENGTH} characters")
+    return value
+
+
+@dataclass(frozen=True)
+class RetryTopic:
+    name: str
+    delay_ms: int
+    retries: tuple[int, ...]  # which retries (1-based) this topic carries
+
+    @property
+    def delay(self) -> str:
+        return format_ms(self.delay_ms)
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    topic: str
+    group: str
+    retry_topics: tuple[RetryTopic, ...]
+    dead_letter: str | None
+
+    def retry_topic_for(self, retry: int) -> RetryTopic:
+        for candidate in self.retry_topics:
+            if retry in candidate.retries:
+                return candidate
+        raise InvalidPolicy("retry", retry, f"the plan for {self.topic!r} has no such retry")
+
+    @property
+    def retry_topic_names(self) -> list[str]:
+        return [topic.name for topic in self.retry_topics]
+
+    @property
+    def consumed_topics(self) -> list[str]:
+        """What the group reads: the main topic and its retry topics."""
+        return [self.topic, *self.retry_topic_names]
+
+    @property
+    def created_topics(self) -> list[str]:
+        """What the plan adds to the cluster: retry topics and the dead-letter topic."""
+        dlt = [self.dead_letter] if self.dead_letter else []
+        return [*self.retry_topic_names, *dlt]
+
+
+def retry_topic_name(topic: str, group: str, suffix: str) -> str:
+    return SEPARATOR.join((topic, group, "retry", suffix))
+
+
+def dead_letter_name(topic: str, group: str) -> str:
+    return SEPARATOR.join((topic, group, "dlt"))
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(policy: RetryPolicy, topic: str, group: str) -> TopicPlan:
+    """The retry and dead-letter topics `group` needs to retry records of `topic` under `policy`."""
+    check_name("topic", topic)
+    check_name("group", group)
+    by_suffix: dict[str, tuple[int, list[int]]] = {}
+    for retry, delay in enumerate(policy.retry_delays_ms(), start=1):
+        suffix = str(retry) if policy.topic_naming is Naming.PER_ATTEMPT else format_ms(delay)
+        by_suffix.setdefault(suffix, (delay, []))[1].append(retry)
+    retry_topics = tuple(
+        RetryTopic(check_name("retry topic", retry_topic_name(topic, group, suffix)), delay,
+                   tuple(retries))
+        for suffix, (delay, retries) in by_suffix.items())
+    dlt = check_name("dead-letter topic", dead_letter_name(topic, group)) \
+        if policy.dead_letter else None
+    return TopicPlan(topic, group, retry_topics, dlt)
+
+
+def partition_for(preferred: int | None, partitions: int) -> int | None:
+    """Keep the source partition if the copy's topic has it; else let the key decide (None)."""
+    if preferred is None or preferred < 0 or preferred >= partitions:
+        return None
+    return preferred
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    topic: str
+    partitions: int
+    needed: int
+
+    def __str__(self) -> str:
+        return (f"{self.topic} has {self.partitions} partitions, fewer than {self.needed} of the "
+                "source topic: copies of higher partitions are placed by key, not by partition")
+
+
+@dataclass(frozen=True)
+class EnsureReport:
+    created: tuple[str, ...]
+    existing: tuple[str, ...]
+    mismatched: tuple[Mismatch, ...]
+
+
+def ensure_topics(admin: AdminClient, topic_plan: TopicPlan, *, partitions: int | None = None,
+                  replication_factor: int = -1,
+                  config: Mapping[str, str] | None = None) -> EnsureReport:
+    """Create the plan's missing topics, with as many partitions as the source topic by default.
+
+    Existing topics are left as they are; those with fewer partitions than the source topic are
+    reported, because partition-preserving routing cannot keep their records' partitions.
+    """
+    counts = kafka.topic_partitions(admin)
+    if topic_plan.topic not in counts and partitions is None:
+        raise UnknownTopic(topic_plan.topic)
+    needed = partitions if partitions is not None else counts[topic_plan.topic]
+    if needed < 1:
+        raise InvalidPolicy("partitions", needed, "must be >= 1")
+    missing = [name for name in topic_plan.created_topics if name not in counts]
+    existing = [name for name in topic_plan.created_topics if name in counts]
+    created = kafka.create_topics(admin, {name: needed for name in missing},
+                                  replication_factor=replication_factor, config=config)
+    source = counts.get(topic_plan.topic, needed)
+    mismatched = [Mismatch(name, counts[name], source) for name in existing
+                  if counts[name] < source]
+    return EnsureReport(tuple(created), tuple(existing), tuple(mismatched))
+
+
+def plans(policy: RetryPolicy, topics: Iterable[str], group: str) -> dict[str, TopicPlan]:
+    return {topic: plan(policy, topic, group) for topic in topics}

@@ -1,0 +1,171 @@
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from redrive.errors import InvalidPolicy
+from redrive.policy import (
+    Backoff,
+    Disposition,
+    InPlace,
+    Naming,
+    RetryPolicy,
+    error_type,
+    format_ms,
+    message_matches,
+    predicate,
+    to_ms,
+)
+from redrive.record import ErrorInfo
+
+
+@pytest.mark.parametrize(("text", "ms"), [
+    ("250ms", 250), ("5s", 5_000), ("5m", 300_000), ("1h", 3_600_000), ("1d", 86_400_000),
+    ("1.5s", 1_500), (" 2m ", 120_000), ("30", 30_000), (2, 2_000), (0.25, 250),
+    (timedelta(minutes=1), 60_000),
+])
+def test_durations_parse(text: object, ms: int) -> None:
+    assert to_ms(text, "delay") == ms  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["", "5x", "-5s", "five", "5 m s", -1, float("nan"), True, None])
+def test_bad_durations_name_field_and_value(bad: object) -> None:
+    with pytest.raises(InvalidPolicy) as caught:
+        to_ms(bad, "backoff.delay")  # type: ignore[arg-type]
+    assert caught.value.field == "backoff.delay"
+    assert repr(bad) in str(caught.value)
+
+
+@given(st.integers(min_value=0, max_value=10**12))
+def test_format_round_trips(ms: int) -> None:
+    assert to_ms(format_ms(ms)) == ms
+
+
+def test_format_prefers_largest_exact_unit() -> None:
+    assert [format_ms(ms) for ms in (250, 5_000, 300_000, 3_600_000, 86_400_000, 1_500, 90_000)] \
+        == ["250ms", "5s", "5m", "1h", "1d", "1500ms", "90s"]
+
+
+def test_fixed_backoff() -> None:
+    backoff = Backoff.fixed("5s")
+    assert [backoff.delay_ms(n) for n in (1, 2, 9)] == [5_000] * 3
+    assert backoff.implied_attempts is None
+
+
+def test_exponential_backoff_caps() -> None:
+    backoff = Backoff.exponential(initial="1s", multiplier=2.0, max="1m")
+    assert [backoff.delay_ms(n) for n in range(1, 9)] == \
+        [1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000]
+
+
+@given(st.integers(min_value=1, max_value=50), st.floats(min_value=0.0, max_value=0.99))
+def test_exponential_jitter_stays_within_bounds(retry: int, jitter: float) -> None:
+    backoff = Backoff.exponential(initial="1s", multiplier=2.0, max="1m", jitter=jitter)
+    nominal = backoff.nominal_ms(retry)
+    delay = backoff.delay_ms(retry)
+    assert nominal * (1 - jitter) - 1 <= delay <= nominal * (1 + jitter) + 1
+
+
+def test_sequence_implies_attempts() -> None:
+    policy = RetryPolicy(backoff=Backoff.sequence("5m,5m,30m,30m,30m,1h"))
+    assert policy.max_attempts == 7
+    assert policy.retry_delays_ms() == [300_000, 300_000, 1_800_000, 1_800_000, 1_800_000,
+                                        3_600_000]
+
+
+def test_attempts_count_the_first_delivery() -> None:
+    policy = RetryPolicy(backoff=Backoff.fixed("1s"), attempts=4)
+    assert len(policy.retry_delays_ms()) == 3
+
+
+def test_custom_backoff() -> None:
+    policy = RetryPolicy(backoff=Backoff.custom(lambda n: f"{n * 10}s"), attempts=4)
+    assert policy.retry_delays_ms() == [10_000, 20_000, 30_000]
+
+
+@pytest.mark.parametrize(("make", "field"), [
+    (lambda: RetryPolicy(attempts=0), "attempts"),
+    (lambda: RetryPolicy(attempts=2, backoff=Backoff.sequence("1s,2s")), "attempts"),
+    (lambda: RetryPolicy(backoff="5s"), "backoff"),  # type: ignore[arg-type]
+    (lambda: Backoff.exponential(initial="0s"), "backoff.initial"),
+    (lambda: Backoff.exponential(multiplier=0.5), "backoff.multiplier"),
+    (lambda: Backoff.exponential(initial="1m", max="1s"), "backoff.max"),
+    (lambda: Backoff.exponential(jitter=1.5), "backoff.jitter"),
+    (lambda: Backoff.sequence(""), "backoff.sequence"),
+    (lambda: Backoff.sequence("5s,,1m"), "backoff.sequence[1]"),
+    (lambda: RetryPolicy(max_retry_period="0s"), "max_retry_period"),
+    (lambda: RetryPolicy(naming="sideways"), "naming"),
+    (lambda: RetryPolicy(retry_on=[42]), "retry_on"),  # type: ignore[list-item]
+    (lambda: RetryPolicy(backoff=Backoff.custom(lambda n: "soon"), attempts=3),
+     "backoff.custom(1)"),
+    (lambda: InPlace(on=TimeoutError, retries=0), "in_place.retries"),
+    (lambda: InPlace(on=TimeoutError, retries=3, backoff=Backoff.sequence("1s")),
+     "in_place.retries"),
+    (lambda: RetryPolicy(max_error_message_bytes=-1), "max_error_message_bytes"),
+])
+def test_invalid_policies_fail_at_construction(make: object, field: str) -> None:
+    with pytest.raises(InvalidPolicy) as caught:
+        make()  # type: ignore[operator]
+    assert caught.value.field == field
+    assert field in str(caught.value)
+
+
+class TransientError(Exception):
+    pass
+
+
+class RateLimited(TransientError):
+    pass
+
+
+def test_dispositions_by_class_subclass_and_cause() -> None:
+    policy = RetryPolicy(
+        retry_on=[TransientError, ConnectionError],
+        not_retryable=ValueError,
+        in_place=InPlace(on=RateLimited, retries=2),
+    )
+    assert policy.disposition(TransientError()) is Disposition.RETRY
+    assert policy.disposition(RateLimited()) is Disposition.IN_PLACE
+    assert policy.disposition(ValueError()) is Disposition.DEAD_LETTER
+    assert policy.disposition(KeyError()) is Disposition.DEAD_LETTER  # not in retry_on
+    try:
+        try:
+            raise ConnectionResetError("reset")
+        except ConnectionResetError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        assert policy.disposition(outer) is Disposition.RETRY
+
+
+def test_cause_traversal_can_be_turned_off() -> None:
+    matcher = error_type(ConnectionError, causes=False)
+    try:
+        raise RuntimeError("outer") from ConnectionError("inner")
+    except RuntimeError as exc:
+        assert not matcher(exc)
+        assert error_type(ConnectionError)(exc)
+
+
+def test_not_retryable_wins_over_retry_on() -> None:
+    policy = RetryPolicy(retry_on=Exception, not_retryable=KeyError)
+    assert policy.disposition(KeyError("k")) is Disposition.DEAD_LETTER
+
+
+def test_matchers_compose_and_work_on_shipped_errors() -> None:
+    busy = message_matches(r"\b503\b") | predicate(lambda e: e.type_name.endswith("Timeout"))
+    policy = RetryPolicy(retry_on=busy & ~error_type("builtins.KeyError"))
+    shipped = ErrorInfo.from_exception(RuntimeError("HTTP 503 from upstream"))
+    # what a Spark executor hands to the driver: data, no live exception
+    import pickle
+    on_driver = pickle.loads(pickle.dumps(shipped))
+    assert on_driver.exception is None
+    assert policy.disposition(on_driver) is Disposition.RETRY
+    assert policy.disposition(RuntimeError("HTTP 400")) is Disposition.DEAD_LETTER
+    assert policy.disposition(ErrorInfo("pkg.GatewayTimeout", "slow")) is Disposition.RETRY
+
+
+def test_naming_default_and_option() -> None:
+    assert RetryPolicy().topic_naming is Naming.PER_DELAY
+    assert RetryPolicy(naming="per-attempt").topic_naming is Naming.PER_ATTEMPT
+    assert RetryPolicy().max_attempts == 3
