@@ -7,13 +7,17 @@ class RedriveError(Exception):
     """Base of every error redrive raises on purpose."""
 
 
-class InvalidPolicy(RedriveError, ValueError):
-    """A retry policy or one of its parts was given a value it cannot work with."""
+class InvalidArgument(RedriveError, ValueError):
+    """A setting was given a value redrive cannot work with."""
 
     def __init__(self, field: str, value: object, why: str) -> None:
         self.field = field
         self.value = value
         super().__init__(f"invalid {field}={value!r}: {why}")
+
+
+class InvalidPolicy(InvalidArgument):
+    """A retry policy or one of its parts was given a value it cannot work with."""
 
 
 class MalformedHeader(RedriveError, ValueError):

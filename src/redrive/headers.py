@@ -167,11 +167,14 @@ def error_fields(error: ErrorInfo, *, message_limit: int, trace_limit: int) -> d
 
 
 def origin_fields(origin: Origin) -> dict[str, str | int | None]:
+    # Kafka reports a missing timestamp as -1: leave the header out rather than write it.
+    timestamp = origin.timestamp_ms if origin.timestamp_ms is not None \
+        and origin.timestamp_ms >= 0 else None
     return {
         ORIGINAL_TOPIC: origin.topic,
         ORIGINAL_PARTITION: origin.partition,
         ORIGINAL_OFFSET: origin.offset,
-        ORIGINAL_TIMESTAMP: origin.timestamp_ms,
+        ORIGINAL_TIMESTAMP: timestamp,
     }
 
 

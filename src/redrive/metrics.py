@@ -7,6 +7,8 @@ own by default so that several runtimes in one process (tests, notebooks) never 
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -47,44 +49,54 @@ class Metrics:
                              "Age of the oldest retry waiting to become due", base,
                              registry=self.registry)
 
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
     def _labels(self) -> dict[str, str]:
         return {"runtime": self.runtime, "group": self.group}
 
+    def _child(self, metric: Any, *values: str) -> Any:
+        # Resolving labels costs more than the increment: runtimes count per record.
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(self.runtime, self.group, *values)
+        return child
+
     def processed(self, topic: str, count: int = 1) -> None:
-        self._processed.labels(**self._labels(), topic=topic).inc(count)
+        self._child(self._processed, topic).inc(count)
 
-    def retried(self, topic: str, attempt: int) -> None:
-        self._retried.labels(**self._labels(), topic=topic, attempt=str(attempt)).inc()
+    def retried(self, topic: str, attempt: int, count: int = 1) -> None:
+        self._child(self._retried, topic, str(attempt)).inc(count)
 
-    def dead_lettered(self, topic: str, reason: str) -> None:
-        self._dead.labels(**self._labels(), topic=topic, reason=reason).inc()
+    def dead_lettered(self, topic: str, reason: str, count: int = 1) -> None:
+        self._child(self._dead, topic, reason).inc(count)
 
-    def skipped(self, topic: str, why: str) -> None:
-        self._skipped.labels(**self._labels(), topic=topic, why=why).inc()
+    def skipped(self, topic: str, why: str, count: int = 1) -> None:
+        self._child(self._skipped, topic, why).inc(count)
 
     def replayed(self, topic: str, count: int = 1) -> None:
-        self._replayed.labels(**self._labels(), topic=topic).inc(count)
+        self._child(self._replayed, topic).inc(count)
 
     def forwarded(self, topic: str, count: int = 1) -> None:
-        self._forwarded.labels(**self._labels(), topic=topic).inc(count)
+        self._child(self._forwarded, topic).inc(count)
 
-    def retried_in_place(self, topic: str) -> None:
-        self._in_place.labels(**self._labels(), topic=topic).inc()
+    def retried_in_place(self, topic: str, count: int = 1) -> None:
+        self._child(self._in_place, topic).inc(count)
 
     def rebalanced(self, kind: str) -> None:
-        self._rebalances.labels(**self._labels(), kind=kind).inc()
+        self._child(self._rebalances, kind).inc()
 
     def late_by(self, seconds: float) -> None:
-        self._lateness.labels(**self._labels()).observe(max(0.0, seconds))
+        self._child(self._lateness).observe(max(0.0, seconds))
 
     def handler_took(self, seconds: float) -> None:
-        self._handler.labels(**self._labels()).observe(seconds)
+        self._child(self._handler).observe(seconds)
 
     def paused_partitions(self, count: int) -> None:
-        self._paused.labels(**self._labels()).set(count)
+        self._child(self._paused).set(count)
 
     def oldest_pending_retry(self, seconds: float) -> None:
-        self._oldest.labels(**self._labels()).set(seconds)
+        self._child(self._oldest).set(seconds)
 
     def value(self, name: str, **labels: str) -> float:
         """A sample's current value (0 if never set): for tests and summaries."""
