@@ -1,0 +1,47 @@
+# Developer and CI entry points. `make test` is what .ci/run runs; it works on a fresh machine.
+
+PYTHON ?= python3.11
+PY = .venv/bin/python
+# Reinstalls whenever pyproject.toml changes (new dependency, new extra).
+VENV_STAMP = .venv/.installed-from-pyproject
+LINT_PATHS = $(wildcard src tests bench)
+
+.PHONY: .venv tools test lint typecheck pytest unit integration clean
+
+.venv: $(VENV_STAMP)
+
+$(VENV_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv .venv
+	$(PY) -m pip install -e '.[test]'
+	touch $@
+
+# kcat lets the integration tests check headers as a client other than confluent-kafka sees them.
+tools:
+	@command -v kcat >/dev/null 2>&1 || { \
+	  sudo=$$(test "$$(id -u)" -eq 0 || echo sudo); \
+	  $$sudo apt-get update && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y kcat; }
+
+test: .venv tools lint typecheck pytest
+
+lint: .venv
+	$(PY) -m ruff check $(LINT_PATHS)
+
+typecheck: .venv
+	$(PY) -m mypy
+
+pytest: .venv tools
+	$(PY) -m pytest -q
+
+unit: .venv
+	$(PY) -m pytest -q tests/unit
+
+integration: .venv tools
+	$(PY) -m pytest -q tests/integration
+
+# --- demo: `make demo` is added here by the demo's owner ---------------------------------------
+
+clean:
+	rm -rf build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis \
+	  spark-warehouse metastore_db derby.log
+	find . -path ./.venv -prune -o -name __pycache__ -type d -exec rm -rf {} +

@@ -1,0 +1,172 @@
+"""Fixtures shared by every test: the session's brokers, unique topics and names.
+
+The session broker is noida-db, started once in a temporary dir on a free port. Setting
+REDRIVE_TEST_BOOTSTRAP=host:port runs the same suite against that cluster instead (nothing is
+started, and tests that need Tansu are skipped). Tests that use a broker are marked
+`integration` (and `tansu` for Tansu) automatically.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+
+from redrive import kafka
+from redrive.devbroker import DevBroker
+
+EXTERNAL_ENV = "REDRIVE_TEST_BOOTSTRAP"
+BROKER_FIXTURES = frozenset({"broker", "bootstrap", "new_topic"})
+TANSU_FIXTURES = frozenset({"tansu", "tansu_topic"})
+TOPIC_READY_TIMEOUT_S = 30.0
+# Room for the suffixes redrive appends (".<group>.retry.<delay>", ".dlt") within Kafka's 249.
+NAME_PREFIX_MAX = 80
+
+NewTopic = Callable[..., str]
+UniqueName = Callable[..., str]
+
+
+class SessionBroker(Protocol):
+    """What tests may rely on, whichever broker serves the session."""
+
+    @property
+    def bootstrap(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ExternalBroker:
+    bootstrap: str
+    kind: str = "external"
+
+
+def external_bootstrap() -> str | None:
+    return os.environ.get(EXTERNAL_ENV) or None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & (BROKER_FIXTURES | TANSU_FIXTURES):
+            item.add_marker(pytest.mark.integration)
+        if fixtures & TANSU_FIXTURES:
+            item.add_marker(pytest.mark.tansu)
+
+
+def sanitize(text: str) -> str:
+    """Text reduced to characters legal in topic names and group ids, '.' excluded.
+
+    Kafka treats '.' and '_' as colliding in topic names, and redrive uses '.' as its separator.
+    """
+    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-")
+    return cleaned[:NAME_PREFIX_MAX] or "t"
+
+
+def make_unique_name(prefix: str) -> str:
+    return f"{sanitize(prefix)}-{uuid.uuid4().hex[:8]}"
+
+
+def start_dev_broker(kind: str, data_dir: Path) -> DevBroker:
+    return DevBroker(kind, data_dir=data_dir).start(timeout_s=60.0)
+
+
+def wait_for_topic(bootstrap: str, topic: str, partitions: int,
+                   timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
+    """Return once metadata shows the topic with exactly `partitions` partitions."""
+    admin = kafka.admin(bootstrap)
+    deadline = time.monotonic() + timeout_s
+    seen: int | None = None
+    while time.monotonic() < deadline:
+        seen = kafka.topic_partitions(admin).get(topic)
+        if seen == partitions:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"topic {topic!r} on {bootstrap}: expected {partitions} partition(s) "
+                         f"in metadata, saw {seen} after {timeout_s}s")
+
+
+def topic_factory(bootstrap: str, request: pytest.FixtureRequest) -> NewTopic:
+    def new_topic(partitions: int = 1, name: str | None = None) -> str:
+        if partitions < 1:
+            raise ValueError(f"invalid partitions={partitions!r}: must be >= 1")
+        topic = name if name is not None else make_unique_name(request.node.name)
+        admin = kafka.admin(bootstrap)
+        if topic not in kafka.create_topics(admin, {topic: partitions}):
+            existing = kafka.partition_count(admin, topic)
+            if existing != partitions:
+                raise ValueError(f"invalid partitions={partitions!r}: topic {topic!r} already "
+                                 f"exists with {existing} partition(s)")
+        wait_for_topic(bootstrap, topic, partitions)
+        return topic
+
+    return new_topic
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionBroker]:
+    """The session's Kafka broker: noida-db, or the cluster named by REDRIVE_TEST_BOOTSTRAP."""
+    external = external_bootstrap()
+    if external is not None:
+        kafka.check_reachable(external, timeout_s=30.0)
+        yield ExternalBroker(external)
+        return
+    dev = start_dev_broker("noida-db", tmp_path_factory.mktemp("noida-db"))
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+@pytest.fixture(scope="session")
+def bootstrap(broker: SessionBroker) -> str:
+    return broker.bootstrap
+
+
+@pytest.fixture
+def new_topic(bootstrap: str, request: pytest.FixtureRequest) -> NewTopic:
+    """new_topic(partitions=1, name=None) -> str: create a topic and wait until it is usable.
+
+    Without a name, the topic is named after the test plus a random suffix. A given name is used
+    as it is; an existing topic of that name must already have `partitions` partitions.
+    """
+    return topic_factory(bootstrap, request)
+
+
+@pytest.fixture(scope="session")
+def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionBroker]:
+    """A Tansu broker for the session, started only if a test asks for it."""
+    if external_bootstrap() is not None:
+        pytest.skip(f"{EXTERNAL_ENV} is set: the suite runs against that cluster only, "
+                    "so tests that need the Tansu dev broker are skipped")
+    dev = start_dev_broker("tansu", tmp_path_factory.mktemp("tansu"))
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+@pytest.fixture
+def tansu_topic(tansu: SessionBroker, request: pytest.FixtureRequest) -> NewTopic:
+    """Like new_topic, on the Tansu broker."""
+    return topic_factory(tansu.bootstrap, request)
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> UniqueName:
+    """unique_name(prefix=None) -> str: a fresh name (group id, transactional id...) per call.
+
+    The prefix defaults to the test's name; a random suffix keeps reruns on a cluster apart.
+    """
+    def make(prefix: str | None = None) -> str:
+        return make_unique_name(prefix if prefix is not None else request.node.name)
+
+    return make
