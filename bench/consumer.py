@@ -1,0 +1,265 @@
+"""Benchmark of RetryingConsumer against a raw confluent-kafka loop on the same records.
+
+    python bench/consumer.py [--quick] [--bootstrap HOST:PORT] [--json]
+
+Starts its own noida-db unless --bootstrap is given. Every figure is the median of several runs,
+each run reading the same topic from the start in a fresh group; throughput is counted from the
+first record handled to the last main-topic record handled, so group joins are left out.
+
+P1  RetryingConsumer with no failures / raw consume + per-batch synchronous commit loop doing the
+    same work (goal >= 0.90).
+P2  main-topic records/s with --fail-rate of records failing once / with none (goal >= 0.85),
+    beside the same ratio for a blocking consumer that sleeps the backoff and retries in place
+    (what users have without redrive; measured on a prefix of the records, as it is slow).
+P3  lateness past due of the retried records, p50 and p99 (goal p99 <= 250 ms), measured while
+    records are written at a steady rate the consumer keeps up with; beside it the lateness of P2's
+    retries, which wait behind a backlog read flat out; and how many records of all runs were
+    handled before their due time (must be 0).
+With --json the last line is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import TopicPartition
+
+from redrive import kafka
+from redrive.consumer import RetryingConsumer
+from redrive.devbroker import DevBroker
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Record
+
+PARTITIONS = 4
+VALUE_BYTES = 100
+BACKOFF_MS = 100
+PACED_RATE = 5_000
+BATCH = 500
+QUIET_LOG = logging.getLogger("bench.consumer.client")
+QUIET_LOG.addHandler(logging.NullHandler())
+
+
+def fails(index: int, rate: float) -> bool:
+    """A fixed, evenly spread set of records that fail their first delivery."""
+    return (index * 2654435761) % 10_000 < rate * 10_000
+
+
+def work(value: bytes | None) -> int:
+    return len(value or b"")
+
+
+def fill(bootstrap: str, records: int) -> str:
+    topic = f"bench-consumer-{uuid.uuid4().hex[:8]}"
+    kafka.create_topics(kafka.admin(bootstrap), {topic: PARTITIONS})
+    producer = kafka.producer(bootstrap, overrides={"linger.ms": 20, "batch.size": 1_000_000})
+    for start in range(0, records, 10_000):
+        kafka.produce_confirmed(producer, [
+            kafka.OutRecord(topic, f"{i:08d}".encode().ljust(VALUE_BYTES, b"."),
+                            partition=i % PARTITIONS)
+            for i in range(start, min(records, start + 10_000))])
+    return topic
+
+
+@dataclass
+class Clock:
+    """First and last main-topic handling times of one run."""
+
+    first: float = 0.0
+    last: float = 0.0
+    main_done: int = 0
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if not self.first:
+            self.first = now
+        self.last = now
+        self.main_done += 1
+
+    def rate(self) -> float:
+        return self.main_done / max(self.last - self.first, 1e-9)
+
+
+def raw_run(bootstrap: str, topic: str, records: int, fail_rate: float = 0.0) -> float:
+    """The baseline loop; with fail_rate, failures sleep the backoff and retry in place."""
+    consumer = kafka.consumer(bootstrap, f"bench-raw-{uuid.uuid4().hex[:8]}",
+                              {"logger": QUIET_LOG})
+    consumer.subscribe([topic])
+    clock = Clock()
+    try:
+        while clock.main_done < records:
+            offsets: dict[tuple[str, int], int] = {}
+            for message in consumer.consume(BATCH, 0.1):
+                if message.error() is not None:
+                    continue
+                value = message.value()
+                index = int((value or b"0")[:8])
+                if index >= records:
+                    continue
+                if fail_rate and fails(index, fail_rate):
+                    time.sleep(BACKOFF_MS / 1000)  # the failed first try, retried in place
+                work(value)
+                clock.tick()
+                offsets[(str(message.topic()), int(message.partition() or 0))] = \
+                    int(message.offset() or 0) + 1
+            if offsets:
+                consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                asynchronous=False)
+    finally:
+        consumer.close()
+    return clock.rate()
+
+
+@dataclass
+class RedriveRun:
+    rate: float
+    lateness_ms: list[float] = field(default_factory=list)
+    early: int = 0
+
+
+def redrive_run(bootstrap: str, topic: str, records: int, fail_rate: float) -> RedriveRun:
+    clock = Clock()
+    lateness: list[float] = []
+    expected_retries = sum(fails(i, fail_rate) for i in range(records)) if fail_rate else 0
+    done = threading.Event()
+
+    def handler(record: Record) -> None:
+        work(record.value)
+        index = int((record.value or b"0")[:8])
+        due = record.delivery.due_ms
+        if due is not None:
+            lateness.append(time.time_ns() / 1e6 - due)
+        else:
+            clock.tick()
+        if clock.main_done >= records and len(lateness) >= expected_retries:
+            done.set()
+        if due is None and fail_rate and fails(index, fail_rate):
+            raise RuntimeError("transient")
+
+    policy = RetryPolicy(backoff=Backoff.fixed(f"{BACKOFF_MS}ms"), attempts=2)
+    consumer = RetryingConsumer(bootstrap, topic, f"bench-redrive-{uuid.uuid4().hex[:8]}",
+                                policy, handler, batch_size=BATCH, config={"logger": QUIET_LOG})
+    consumer.start()
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    finished = done.wait(600)
+    consumer.stop()
+    thread.join(60)
+    if not finished:
+        raise RuntimeError(f"run did not finish: {clock.main_done}/{records} main records, "
+                           f"{len(lateness)}/{expected_retries} retries")
+    return RedriveRun(clock.rate(), lateness, sum(1 for late in lateness if late < 0))
+
+
+def paced_run(bootstrap: str, rate: int, seconds: float, fail_rate: float) -> RedriveRun:
+    """Lateness when the consumer keeps up: records are written at `rate` per second while it
+    runs, instead of waiting as a backlog."""
+    topic = f"bench-paced-{uuid.uuid4().hex[:8]}"
+    kafka.create_topics(kafka.admin(bootstrap), {topic: PARTITIONS})
+    total = int(rate * seconds)
+    writer_done = threading.Event()
+
+    def write() -> None:
+        producer = kafka.producer(bootstrap, overrides={"logger": QUIET_LOG})
+        step = max(1, rate // 100)  # a burst every 10 ms
+        started = time.perf_counter()
+        for first in range(0, total, step):
+            kafka.produce_confirmed(producer, [
+                kafka.OutRecord(topic, f"{i:08d}".encode().ljust(VALUE_BYTES, b"."),
+                                partition=i % PARTITIONS)
+                for i in range(first, min(total, first + step))])
+            time.sleep(max(0.0, started + (first + step) / rate - time.perf_counter()))
+        writer_done.set()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    run = redrive_run(bootstrap, topic, total, fail_rate)
+    writer.join(60)
+    return run
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap", help="an existing cluster (default: start noida-db)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of figures")
+    parser.add_argument("--fail-rate", type=float, default=0.05)
+    args = parser.parse_args()
+    if not 0 < args.fail_rate < 1:
+        parser.error(f"invalid --fail-rate={args.fail_rate!r}: must be between 0 and 1")
+    records, runs, blocking_records = (100_000, 3, 600) if args.quick else (300_000, 5, 2_000)
+
+    broker = None if args.bootstrap else DevBroker("noida-db").start(timeout_s=60)
+    bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
+    try:
+        topic = fill(bootstrap, records)
+        raw: list[float] = []
+        clean: list[float] = []
+        failing: list[RedriveRun] = []
+        blocking: list[float] = []
+        for _ in range(runs):
+            raw.append(raw_run(bootstrap, topic, records))
+            clean.append(redrive_run(bootstrap, topic, records, 0.0).rate)
+            failing.append(redrive_run(bootstrap, topic, records, args.fail_rate))
+        for _ in range(runs):
+            blocking.append(raw_run(bootstrap, topic, blocking_records, args.fail_rate))
+        paced = paced_run(bootstrap, PACED_RATE, 4.0 if args.quick else 10.0, args.fail_rate)
+    finally:
+        if broker is not None:
+            broker.close()
+
+    raw_rate, clean_rate = statistics.median(raw), statistics.median(clean)
+    failing_rate = statistics.median(run.rate for run in failing)
+    blocking_rate = statistics.median(blocking)
+    lateness = paced.lateness_ms
+    backlog_lateness = [late for run in failing for late in run.lateness_ms]
+    figures = {
+        "p1": round(clean_rate / raw_rate, 3),
+        "p2": round(failing_rate / clean_rate, 3),
+        "p2_blocking": round(blocking_rate / raw_rate, 3),
+        "p3_p50_ms": round(percentile(lateness, 0.50), 1),
+        "p3_p99_ms": round(percentile(lateness, 0.99), 1),
+        "early": sum(run.early for run in failing) + paced.early,
+        "p3_backlog_p50_ms": round(percentile(backlog_lateness, 0.50), 1),
+        "p3_backlog_p99_ms": round(percentile(backlog_lateness, 0.99), 1),
+    }
+    pct = f"{args.fail_rate:.0%}"
+    rows = [
+        ("P1 redrive / raw loop, no failures", f"{figures['p1']:.3f}", ">= 0.90",
+         f"{clean_rate:,.0f} / {raw_rate:,.0f} rec/s"),
+        (f"P2 redrive, {pct} failing / none", f"{figures['p2']:.3f}", ">= 0.85",
+         f"{failing_rate:,.0f} / {clean_rate:,.0f} rec/s"),
+        (f"P2 blocking in place, {pct} failing / none", f"{figures['p2_blocking']:.3f}", "",
+         f"{blocking_rate:,.0f} / {raw_rate:,.0f} rec/s"),
+        ("P3 lateness past due p50 (ms), paced", f"{figures['p3_p50_ms']:.1f}", "",
+         f"{len(lateness)} retries, {PACED_RATE:,} rec/s written while consuming"),
+        ("P3 lateness past due p99 (ms), paced", f"{figures['p3_p99_ms']:.1f}", "<= 250", ""),
+        ("P3 lateness p50 (ms), P2's backlog", f"{figures['p3_backlog_p50_ms']:.1f}", "",
+         f"{len(backlog_lateness)} retries behind a backlog read flat out"),
+        ("P3 lateness p99 (ms), P2's backlog", f"{figures['p3_backlog_p99_ms']:.1f}", "", ""),
+        ("P3 handled before due", str(figures["early"]), "0", "all runs"),
+    ]
+    print(f"consumer benchmark: {records:,} records x {runs} runs (medians), {PARTITIONS} "
+          f"partitions, backoff {BACKOFF_MS} ms, {time.strftime('%Y-%m-%d')}")
+    print(f"{'figure':<44} {'value':>8}  {'goal':<8}  detail")
+    for name, value, goal, detail in rows:
+        print(f"{name:<44} {value:>8}  {goal:<8}  {detail}")
+    if args.json:
+        print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

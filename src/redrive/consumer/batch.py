@@ -1,0 +1,63 @@
+"""What one poll batch did, per partition: what to commit, what to produce, where to rewind.
+
+Offsets are committed after each batch, and only up to the last record finished (handled, skipped,
+or routed with its copy acknowledged) on each partition. Records of a partition are handled in
+order and a partition stops for the rest of the batch at the first record that must wait, so the
+finished records of a partition are always a contiguous run from its first record in the batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from redrive.consumer.pauses import TopicPartition
+from redrive.kafka import OutRecord
+from redrive.routing import DeadLetter, Retry
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A routed record: the copy to produce and what to count once the broker has it."""
+
+    record: OutRecord | None  # None: dead-lettered with no dead-letter topic (dropped)
+    decision: Retry | DeadLetter
+    main_topic: str
+
+
+@dataclass
+class Batch:
+    first: dict[TopicPartition, int] = field(default_factory=dict)
+    finished: dict[TopicPartition, int] = field(default_factory=dict)
+    stopped: set[TopicPartition] = field(default_factory=set)
+    copies: list[Copy] = field(default_factory=list)
+    processed: Counter[str] = field(default_factory=Counter)  # handled successfully, by main topic
+    handled: int = 0  # handler calls
+
+    def take(self, tp: TopicPartition, offset: int) -> bool:
+        """Note a record of the batch; False if its partition already stopped in this batch.
+
+        Records behind a held one on the same partition are dropped here: the seek back to the
+        held record makes the consumer fetch them again after it."""
+        if tp in self.stopped:
+            return False
+        self.first.setdefault(tp, offset)
+        return True
+
+    def finish(self, tp: TopicPartition, offset: int) -> None:
+        self.finished[tp] = offset
+
+    def stop(self, tp: TopicPartition) -> None:
+        self.stopped.add(tp)
+
+    def route(self, tp: TopicPartition, offset: int, copy: Copy) -> None:
+        self.copies.append(copy)
+        self.finished[tp] = offset
+
+    def commit_offsets(self) -> dict[TopicPartition, int]:
+        """The offsets to commit: the next record to read on each partition that moved."""
+        return {tp: offset + 1 for tp, offset in self.finished.items()}
+
+    @property
+    def out_records(self) -> list[OutRecord]:
+        return [copy.record for copy in self.copies if copy.record is not None]

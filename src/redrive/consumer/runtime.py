@@ -1,0 +1,475 @@
+"""RetryingConsumer: a plain-Python Kafka consumer with non-blocking retries and dead letters.
+
+One consumer group reads the main topics and the group's retry topics (from `topics.plan`). Each
+poll batch is handled record by record, in partition order:
+
+- a record whose `redrive-group` names another group is skipped and committed;
+- a record not yet due (`redrive-due` ahead of the local clock) holds its partition: the partition
+  is paused and sought back to it, the rest of the batch on that partition is dropped (it is
+  fetched again after the seek), and the partition is resumed when the record is due. `poll()`
+  keeps running meanwhile, never blocking past the next due time, so the member stays within
+  max.poll.interval.ms and other partitions go on;
+- the handler is called; on success the record is finished;
+- on an error the policy retries in place (Disposition.IN_PLACE), the partition is held the same
+  way for the in-place backoff and the record is tried again, up to `InPlace.retries` times (see
+  `redrive.consumer.in_place` for what a rebalance does to that budget);
+- any other error, or an exhausted in-place budget, is routed with `routing.route` to a retry topic
+  or the dead-letter topic; the record is finished once its copy is acknowledged.
+
+After each batch the copies are produced and acknowledged, and then the offsets of the finished
+records are committed synchronously (offset + 1 of the last finished record per partition; a
+partition never commits past a record it has not finished). With `transactional=True` the copies
+and the offsets of a batch are one Kafka transaction instead: after any crash no copy is visible
+twice to read_committed readers; on a failed transaction it is aborted and the batch's partitions
+are rewound to the batch's first records.
+
+Rebalance callbacks run only inside `poll()`, between batches, when nothing finished is left
+uncommitted; they drop the holds and in-place state of revoked or lost partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import TopicPartition as KafkaPartition
+
+from redrive import gate, kafka
+from redrive import headers as h
+from redrive.consumer.batch import Batch, Copy
+from redrive.consumer.in_place import InPlaceRetries
+from redrive.consumer.pauses import Hold, Holds, TopicPartition, Why
+from redrive.consumer.signals import stop_on_signals
+from redrive.errors import DeliveryFailed, MalformedHeader, RedriveError, UnknownTopic
+from redrive.metrics import Metrics
+from redrive.policy import Disposition, RetryPolicy
+from redrive.record import Delivery, Record
+from redrive.routing import DeadLetter, Retry, route
+from redrive.topics import check_name, ensure_topics, partition_for, plans
+
+log = logging.getLogger("redrive.consumer")
+
+Handler = Callable[[Record], object]
+
+CONSUMER_OVERRIDES: Mapping[str, Any] = {
+    # A resumed partition is fetched in the next fetch request; a shorter broker-side wait keeps
+    # that close to the due time (lateness) when the other partitions are idle.
+    "fetch.wait.max.ms": 100,
+    # Fetched records wait in one local queue: a resumed retry partition's records land behind
+    # everything prefetched from busy main partitions. A shallow prefetch keeps them close to
+    # their due time at little cost in throughput.
+    "queued.min.messages": 2000,
+}
+# The handler-time histogram costs more per observation than a trivial handler: it sees the first
+# record of each batch and one in HANDLER_SAMPLE after it (every call when records trickle in).
+HANDLER_SAMPLE = 16
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_POLL_TIMEOUT_S = 0.1
+DEFAULT_TIMEOUT_S = 30.0
+SKIPPED_OTHER_GROUP = "other-group"
+NO_HISTORY = Delivery()
+
+
+class InvalidSetting(RedriveError, ValueError):
+    """A RetryingConsumer argument has a value it cannot work with."""
+
+    def __init__(self, field: str, value: object, why: str) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(f"invalid {field}={value!r}: {why}")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class RetryingConsumer:
+    """Consume `topics` in `group`, calling `handler` once per record, retrying failures.
+
+    connection: a bootstrap address or a librdkafka config mapping (security settings etc.).
+    config / producer_config: librdkafka overrides for the consumer / the producer of copies
+        (for example {"group.instance.id": "worker-1", "session.timeout.ms": 10000}).
+    transactional: copies and consumed offsets of each batch in one Kafka transaction.
+    transactional_id: defaults to redrive-GROUP-INSTANCE with a group.instance.id (so a restarted
+        instance fences its predecessor), else to a random one.
+    metrics: the Metrics to count into (a new one by default); metrics_port serves it over HTTP.
+    create_topics: create the plan's missing retry and dead-letter topics at start.
+    batch_size / poll_timeout_s: records per poll and the longest wait of one poll; a poll never
+        waits past the time the next held partition is due.
+
+    run() handles records until stop() or SIGTERM/SIGINT (when run from the main thread), then
+    commits what it finished and closes the consumer, so the group rebalances at once.
+    """
+
+    def __init__(self, connection: kafka.Connection, topics: str | Sequence[str], group: str,
+                 policy: RetryPolicy, handler: Handler, *, transactional: bool = False,
+                 transactional_id: str | None = None, metrics_port: int | None = None,
+                 metrics: Metrics | None = None, config: Mapping[str, Any] | None = None,
+                 producer_config: Mapping[str, Any] | None = None, create_topics: bool = True,
+                 batch_size: int = DEFAULT_BATCH_SIZE,
+                 poll_timeout_s: float = DEFAULT_POLL_TIMEOUT_S,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.topics = _check_topics(topics)
+        self.group = _check_name("group", group)
+        if not isinstance(policy, RetryPolicy):
+            raise InvalidSetting("policy", policy, "must be a RetryPolicy")
+        if not callable(handler):
+            raise InvalidSetting("handler", handler, "must be callable with one Record")
+        _check_int("batch_size", batch_size, 1, 1_000_000)
+        _check_positive("poll_timeout_s", poll_timeout_s)
+        _check_positive("timeout_s", timeout_s)
+        if metrics_port is not None:
+            _check_int("metrics_port", metrics_port, 0, 65535)
+        self.policy = policy
+        self.handler = handler
+        self.transactional = bool(transactional)
+        self.metrics = metrics if metrics is not None else Metrics("consumer", self.group)
+        self._connection = kafka.client_config(connection)
+        self._config = {**CONSUMER_OVERRIDES, **(config or {})}
+        self._producer_config = dict(producer_config or {})
+        self._transactional_id = transactional_id or self._default_transactional_id()
+        self._metrics_port = metrics_port
+        self._create_topics = create_topics
+        self._batch_size = batch_size
+        self._poll_timeout_s = float(poll_timeout_s)
+        self._timeout_s = float(timeout_s)
+
+        self.plans = plans(policy, self.topics, self.group)
+        self._main_of: dict[str, str] = {}
+        for main, plan in self.plans.items():
+            for name in plan.consumed_topics:
+                self._main_of[name] = main
+        self._holds = Holds()
+        self._in_place = InPlaceRetries(policy.in_place.retries if policy.in_place else 0)
+        self._assigned: set[TopicPartition] = set()
+        self._partitions: dict[str, int] = {}
+        self._stopping = threading.Event()
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._closed = False
+
+    @property
+    def subscribed(self) -> list[str]:
+        return list(self._main_of)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the plan's topics, the clients, and join the group (run() does it if needed)."""
+        if self._consumer is not None:
+            return
+        if self._closed:
+            raise RedriveError(f"consumer of group {self.group!r} is closed; make a new one")
+        admin = kafka.admin(self._connection)
+        if self._create_topics:
+            for plan in self.plans.values():
+                report = ensure_topics(admin, plan)
+                for mismatch in report.mismatched:
+                    log.warning("%s", mismatch)
+        self._partitions = kafka.topic_partitions(admin)
+        for name in self.subscribed:
+            if name not in self._partitions:
+                raise UnknownTopic(name)
+        self._producer = kafka.producer(
+            self._connection, overrides=self._producer_config,
+            transactional_id=self._transactional_id if self.transactional else None)
+        if self.transactional:
+            self._producer.init_transactions(self._timeout_s)
+        self._consumer = kafka.consumer(self._connection, self.group, self._config)
+        self._consumer.subscribe(self.subscribed, on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        if self._metrics_port is not None:
+            self.metrics.serve(self._metrics_port)
+
+    def run(self) -> None:
+        """Handle records until stop() (or SIGTERM/SIGINT in the main thread), then close."""
+        self.start()
+        consumer = self._require_consumer()
+        try:
+            with stop_on_signals(self.stop):
+                while not self._stopping.is_set():
+                    self._release_due()
+                    wait_s = self._holds.wait_s(now_ms(), self._poll_timeout_s)
+                    messages = consumer.consume(self._batch_size, wait_s)
+                    if messages:
+                        self._handle_batch(messages)
+                    self._update_gauges()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """Ask run() to stop after the record in hand; safe from any thread or signal handler."""
+        self._stopping.set()
+
+    def close(self) -> None:
+        """Leave the group (nothing unfinished is committed) and release the clients."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        if self._consumer is not None:
+            self._consumer.close()
+        if self._producer is not None:
+            self._producer.flush(self._timeout_s)
+
+    def __enter__(self) -> RetryingConsumer:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # --- one batch -----------------------------------------------------------------------------
+
+    def _handle_batch(self, messages: Sequence[Message]) -> None:
+        batch = Batch()
+        for message in messages:
+            if self._stopping.is_set():
+                break  # the rest is handed back: it is not finished, so it is not committed
+            error = message.error()
+            if error is not None:
+                self._consume_error(error)
+                continue
+            tp = (str(message.topic()), int(message.partition() or 0))
+            offset = int(message.offset() or 0)
+            # A partition revoked in this poll's callbacks may still have records in the batch.
+            if tp not in self._assigned or not batch.take(tp, offset):
+                continue
+            self._handle(message, tp, offset, batch)
+        for main, count in batch.processed.items():
+            self.metrics.processed(main, count)
+        self._complete(batch)
+
+    def _handle(self, message: Message, tp: TopicPartition, offset: int, batch: Batch) -> None:
+        headers = kafka.message_headers(message)
+        malformed: MalformedHeader | None = None
+        delivery = NO_HISTORY
+        if headers and h.has_redrive(headers):
+            try:
+                delivery = h.read_delivery(headers)
+            except MalformedHeader as exc:
+                malformed = exc
+        record = Record(tp[0], tp[1], offset, message.timestamp()[1], message.key(),
+                        message.value(), headers, delivery)
+        main = self._main_of.get(record.topic, record.topic)
+        if malformed is not None:
+            self._route(record, malformed, tp, batch, main)
+            return
+        if delivery.group is not None and delivery.group != self.group:
+            self.metrics.skipped(main, SKIPPED_OTHER_GROUP)
+            batch.finish(tp, offset)
+            return
+        if delivery.due_ms is not None:
+            started_ms = now_ms()
+            if not gate.is_due(delivery.due_ms, started_ms):
+                self._hold(tp, record, delivery.due_ms, Why.DUE)
+                batch.stop(tp)
+                return
+            self.metrics.late_by((started_ms - delivery.due_ms) / 1000.0)
+
+        failure: Exception | None = None
+        started = time.perf_counter()
+        try:
+            self.handler(record)
+        except Exception as exc:
+            failure = exc
+        batch.handled += 1
+        if batch.handled % HANDLER_SAMPLE == 1:
+            self.metrics.handler_took(time.perf_counter() - started)
+
+        if failure is None:
+            batch.processed[main] += 1
+            self._in_place.clear(tp)
+            batch.finish(tp, offset)
+            return
+        in_place = self.policy.in_place
+        if in_place is not None and self.policy.disposition(failure) is Disposition.IN_PLACE:
+            retry = self._in_place.fail(tp, offset)
+            if retry is not None:
+                self._hold(tp, record, now_ms() + in_place.backoff.delay_ms(retry), Why.IN_PLACE)
+                self.metrics.retried_in_place(main)
+                batch.stop(tp)
+                return
+        self._in_place.clear(tp)
+        self._route(record, failure, tp, batch, main)
+
+    def _route(self, record: Record, error: Exception, tp: TopicPartition, batch: Batch,
+               main: str) -> None:
+        decision = route(record, error, self.policy, now_ms(), group=self.group)
+        out: kafka.OutRecord | None = None
+        if decision.topic is not None:
+            partition = partition_for(decision.partition,
+                                             self._partitions.get(decision.topic, 0))
+            out = kafka.OutRecord(decision.topic, record.value, record.key, decision.headers,
+                                  partition)
+        batch.route(tp, record.offset, Copy(out, decision, main))
+
+    def _complete(self, batch: Batch) -> None:
+        offsets = batch.commit_offsets()
+        if not offsets:
+            return
+        if self.transactional:
+            if not self._commit_transaction(batch, offsets):
+                self._rewind(batch)
+                return
+        else:
+            if batch.out_records:
+                try:
+                    kafka.produce_confirmed(self._require_producer(), batch.out_records,
+                                            self._timeout_s)
+                except DeliveryFailed as exc:
+                    log.error("group %s: %s; the batch's partitions are rewound and its records "
+                              "will be handled again", self.group, exc)
+                    self._rewind(batch)
+                    return
+            self._commit(offsets)
+        self._count_routed(batch.copies)
+
+    def _commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        partitions = [KafkaPartition(topic, partition, offset)
+                      for (topic, partition), offset in offsets.items()]
+        try:
+            results = self._require_consumer().commit(offsets=partitions, asynchronous=False)
+        except KafkaException as exc:
+            # The records are finished but not committed: whoever owns the partitions next
+            # handles them again (at-least-once), which is all that can be done here.
+            log.warning("group %s: commit of %s failed: %s", self.group, offsets, exc)
+            return
+        for result in results:
+            if result.error is not None:
+                log.warning("group %s: commit of %s[%d] failed: %s", self.group, result.topic,
+                            result.partition, result.error)
+
+    def _commit_transaction(self, batch: Batch, offsets: Mapping[TopicPartition, int]) -> bool:
+        producer = self._require_producer()
+        partitions = [KafkaPartition(topic, partition, offset)
+                      for (topic, partition), offset in offsets.items()]
+        try:
+            producer.begin_transaction()
+            for record in batch.out_records:
+                kafka.produce(producer, record)
+            producer.send_offsets_to_transaction(
+                partitions, self._require_consumer().consumer_group_metadata(), self._timeout_s)
+            producer.commit_transaction(self._timeout_s)
+            return True
+        except KafkaException as exc:
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.fatal():
+                raise  # fenced by a newer instance, or the producer is unusable
+            log.error("group %s: transaction failed (%s); aborted, and the batch's partitions "
+                      "are rewound", self.group, exc)
+            producer.abort_transaction(self._timeout_s)
+            return False
+
+    def _rewind(self, batch: Batch) -> None:
+        consumer = self._require_consumer()
+        for (topic, partition), offset in batch.first.items():
+            consumer.seek(KafkaPartition(topic, partition, offset))
+
+    def _count_routed(self, copies: Iterable[Copy]) -> None:
+        for copy in copies:
+            decision = copy.decision
+            if isinstance(decision, Retry):
+                self.metrics.retried(copy.main_topic, decision.attempt)
+            else:
+                assert isinstance(decision, DeadLetter)
+                self.metrics.dead_lettered(copy.main_topic, decision.reason)
+
+    # --- holds ---------------------------------------------------------------------------------
+
+    def _hold(self, tp: TopicPartition, record: Record, until_ms: int, why: Why) -> None:
+        consumer = self._require_consumer()
+        position = KafkaPartition(tp[0], tp[1], record.offset)
+        consumer.pause([position])
+        consumer.seek(position)
+        self._holds.hold(tp, Hold(record.offset, until_ms, why, record.timestamp_ms))
+
+    def _release_due(self) -> None:
+        due = self._holds.release_due(now_ms())
+        if due:
+            self._require_consumer().resume([KafkaPartition(t, p) for t, p in due])
+
+    def _update_gauges(self) -> None:
+        self.metrics.paused_partitions(len(self._holds))
+        self.metrics.oldest_pending_retry(self._holds.oldest_age_s(now_ms()))
+
+    # --- rebalances ----------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+        self._assigned.update((str(p.topic), int(p.partition)) for p in partitions)
+        self.metrics.rebalanced("assign")
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+        self._forget(consumer, partitions, "revoke")
+
+    def _on_lost(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+        self._forget(consumer, partitions, "lost")
+
+    def _forget(self, consumer: Consumer, partitions: list[KafkaPartition], kind: str) -> None:
+        tps = [(str(p.topic), int(p.partition)) for p in partitions]
+        held = self._holds.drop(tps)
+        if held:
+            # librdkafka keeps a partition's pause flag across unassign and assign, so a
+            # partition handed back to this member later would stay paused with no hold to end.
+            consumer.resume([KafkaPartition(t, p) for t, p in held])
+        self._in_place.drop(tps)
+        self._assigned.difference_update(tps)
+        self.metrics.rebalanced(kind)
+        self.metrics.paused_partitions(len(self._holds))
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _consume_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("group %s: consumer error: %s", self.group, error.str())
+
+    def _default_transactional_id(self) -> str:
+        instance = self._config.get("group.instance.id")
+        suffix = str(instance) if instance else uuid.uuid4().hex[:12]
+        return f"redrive-{self.group}-{suffix}"
+
+    def _require_consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise RedriveError(f"consumer of group {self.group!r} is not started; call start()")
+        return self._consumer
+
+    def _require_producer(self) -> Producer:
+        if self._producer is None:
+            raise RedriveError(f"consumer of group {self.group!r} is not started; call start()")
+        return self._producer
+
+
+def _check_name(field: str, value: str) -> str:
+    try:
+        return check_name(field, value)
+    except ValueError as exc:
+        raise InvalidSetting(field, value, str(exc).split(": ", 1)[-1]) from exc
+
+
+def _check_topics(value: str | Sequence[str]) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value)
+    if not names:
+        raise InvalidSetting("topics", value, "name at least one topic")
+    for name in names:
+        _check_name("topics", name)
+    if len(set(names)) != len(names):
+        raise InvalidSetting("topics", value, "names a topic twice")
+    return names
+
+
+def _check_int(field: str, value: int, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidSetting(field, value, f"must be an integer in {low}..{high}")
+
+
+def _check_positive(field: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidSetting(field, value, "must be a number > 0")

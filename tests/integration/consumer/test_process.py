@@ -1,0 +1,177 @@
+"""The consumer as a process: SIGTERM stops it cleanly; SIGKILL loses nothing (noida-db).
+
+The crash tests give the worker a group.instance.id: noida-db never expires a member killed
+without leaving, but hands a restarted static member its partitions back at once (see
+brokers.md); that is also how such workers run on Kubernetes.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from redrive import headers as h
+
+from .conftest import committed, produce, read_all, topic_size, wait_until
+
+NewTopic = Callable[..., str]
+UniqueName = Callable[..., str]
+WORKER = Path(__file__).with_name("worker.py")
+
+
+@dataclass(frozen=True)
+class Call:
+    number: int
+    attempt: int
+    topic: str
+    partition: int
+    offset: int
+    ok: bool
+    at_ms: int
+    due_ms: int
+
+
+def calls(log: Path) -> list[Call]:
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) != 8:
+            continue  # a line cut by SIGKILL
+        number, attempt, topic, partition, offset, outcome, at_ms, due_ms = parts
+        out.append(Call(int(number), int(attempt), topic, int(partition), int(offset),
+                        outcome == "ok", int(at_ms), int(due_ms)))
+    return out
+
+
+class Workers:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        output = (self.tmp_path / f"worker-{len(self.processes)}.out").open("wb")
+        process = subprocess.Popen([sys.executable, str(WORKER), *args], stdout=output,
+                                   stderr=subprocess.STDOUT)
+        self.processes.append(process)
+        return process
+
+    def output(self, index: int) -> str:
+        return (self.tmp_path / f"worker-{index}.out").read_text()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    started = Workers(tmp_path)
+    yield started
+    for process in started.processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_sigterm_finishes_the_record_in_hand_and_commits_what_finished(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, workers: Workers,
+        tmp_path: Path) -> None:
+    topic, group, log = new_topic(partitions=2), unique_name("term"), tmp_path / "calls.log"
+    for partition in (0, 1):
+        produce(bootstrap, topic, [str(n).encode() for n in range(partition, 300, 2)],
+                partition=partition)
+    worker = workers.start("--bootstrap", bootstrap, "--topic", topic, "--group", group,
+                           "--log", str(log), "--handler-ms", "10", "--batch-size", "50")
+    wait_until(lambda: len(calls(log)) >= 40, 30, "40 records handled")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(20) == 0, workers.output(0)
+    assert "stopped" in workers.output(0)
+
+    handled = calls(log)
+    assert 40 <= len(handled) < 300  # it stopped mid-stream
+    offsets = committed(bootstrap, group, topic)
+    for partition in (0, 1):
+        done = sorted(c.offset for c in handled if c.partition == partition)
+        assert done == list(range(len(done)))  # each once, in order
+        expected = len(done) if done else -1001
+        assert offsets[partition] == expected, (partition, offsets, len(done))
+
+
+def run_crash(bootstrap: str, topic: str, group: str, log: Path, workers: Workers,
+              *extra: str) -> tuple[list[Call], list[str]]:
+    """Start a static member, SIGKILL it while records wait in retry topics, restart it, and
+    return the calls once every number succeeded or was dead-lettered, and the DLT's values."""
+    total = 120
+    for partition in (0, 1):
+        produce(bootstrap, topic, [str(n).encode() for n in range(partition, total, 2)],
+                partition=partition)
+    args = ("--bootstrap", bootstrap, "--topic", topic, "--group", group, "--log", str(log),
+            "--instance", "worker-1", "--fail-every", "4", "--dead-every", "10",
+            "--delay", "700ms", "--attempts", "3", "--handler-ms", "5", "--batch-size", "20",
+            *extra)
+    first = workers.start(*args)
+    retry_topic = f"{topic}.{group}.retry.700ms"
+    wait_until(lambda: topic_size(bootstrap, retry_topic) >= 4, 30, "4 copies in the retry topic")
+    first.kill()
+    first.wait()
+    succeeded_before = {c.number for c in calls(log) if c.ok}
+    waiting = [copy for copy in read_all(bootstrap, retry_topic, idle_s=0.3)
+               if int(copy.value or b"-1") not in succeeded_before]
+    assert waiting, "the worker was killed with no record waiting in a retry topic"
+
+    second = workers.start(*args)
+    dead = {n for n in range(total) if n % 10 == 0}
+    alive = set(range(total)) - dead
+
+    def finished() -> bool:
+        seen = calls(log)
+        succeeded = {c.number for c in seen if c.ok}
+        exhausted = {c.number for c in seen if not c.ok and c.attempt == 2}
+        return alive <= succeeded and dead <= exhausted
+
+    wait_until(finished, 60, "every record succeeded or exhausted")
+    letters = read_all(bootstrap, f"{topic}.{group}.dlt", expect=len(dead), timeout_s=20)
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(20) == 0, workers.output(1)
+
+    seen = calls(log)
+    assert {c.number for c in seen if c.ok} == alive  # none lost, none of the dead succeeded
+    assert {int(letter.value or b"-1") for letter in letters} == dead
+    assert all(c.at_ms >= c.due_ms for c in seen if c.due_ms >= 0), "handled before due"
+    for letter in letters:
+        assert letter.header(h.REASON) == "exhausted"
+    return seen, [letter.value.decode() for letter in letters if letter.value is not None]
+
+
+def test_sigkill_while_records_wait_in_retry_loses_nothing(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, workers: Workers,
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    topic, group, log = new_topic(partitions=2), unique_name("crash"), tmp_path / "calls.log"
+    seen, letters = run_crash(bootstrap, topic, group, log, workers)
+    handled = Counter((c.number, c.attempt) for c in seen)
+    duplicates = sum(count - 1 for count in handled.values())
+    dead_duplicates = len(letters) - len(set(letters))
+    with capsys.disabled():
+        print(f"\n  at-least-once crash: {len(seen)} handler calls, {duplicates} repeated "
+              f"deliveries, {dead_duplicates} duplicate dead letters")
+
+
+def test_sigkill_in_transactional_mode_duplicates_no_copy(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, workers: Workers,
+        tmp_path: Path) -> None:
+    topic, group, log = new_topic(partitions=2), unique_name("eos"), tmp_path / "calls.log"
+    seen, letters = run_crash(bootstrap, topic, group, log, workers, "--transactional")
+    assert sorted(letters) == sorted(set(letters))
+    copies = read_all(bootstrap, f"{topic}.{group}.retry.700ms", timeout_s=20)
+    keys = Counter((c.header(h.ORIGINAL_PARTITION), c.header(h.ORIGINAL_OFFSET),
+                    c.header(h.ATTEMPT)) for c in copies)
+    assert keys and max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]
+    # Every failure that was not the last attempt has exactly one copy in the retry topic.
+    retried = {n for n in range(120) if n % 4 == 0 or n % 10 == 0}
+    assert {int(c.value or b"-1") for c in copies} == retried
+    assert sum(1 for c in seen if c.attempt >= 1) >= len(retried)
