@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from redrive import kafka, topics
+from redrive.delay.command import delay_command
 from redrive.errors import RedriveError
 from redrive.policy import Backoff, Naming, RetryPolicy
 from redrive.table import render
@@ -121,6 +122,9 @@ def dev_broker(kind: str, port: int, data_dir: str) -> None:
     from redrive import devbroker
 
     devbroker.serve(kind, port, data_dir)
+
+
+cli.add_command(delay_command)
 
 
 def main() -> None:

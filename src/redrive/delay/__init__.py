@@ -1,0 +1,8 @@
+"""The delay queue: schedule a record for later, and the service that delivers it when due."""
+
+from redrive.delay.schedule import Scheduled, schedule
+from redrive.delay.service import DelayService, DelayServiceError, ensure_topics
+from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers
+
+__all__ = ["DEFAULT_TIERS", "DelayService", "DelayServiceError", "Scheduled", "Tier", "Tiers",
+           "ensure_topics", "schedule"]

@@ -1,0 +1,471 @@
+"""The delay service: reads the tier topics, waits until records are due, forwards them.
+
+Each poll admits, per partition, the records whose hop has ended (the due gate), and forwards them
+to their next tier or, once their final due time has come, to their `redrive-target`. The first
+record not yet due stops its partition: the service pauses the partition, seeks back to that record
+and keeps polling the others, resuming it when that record is due. It holds nothing but that
+per-partition state, however many records are pending.
+
+Every copy keeps the record's key, value and headers and is stamped with the instant it was
+forwarded: the next hop counts its wait from that timestamp, and retention and time indexes of the
+tier and target topics see a current time, not the day the record was scheduled.
+
+Forwarding is one Kafka transaction per poll: the forwarded copies and the consumed offsets commit
+together, so a crash at any point neither loses nor duplicates a record for read_committed readers.
+Without transactions (at-least-once) the copies are confirmed by the broker before the offsets are
+committed, so a crash may forward a record twice but never drops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from redrive import gate, kafka
+from redrive import headers as h
+from redrive.delay.schedule import check_target, now_ms
+from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
+from redrive.errors import DeliveryFailed, InvalidPolicy, MalformedHeader, RedriveError
+from redrive.metrics import Metrics
+from redrive.record import qualified_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GROUP = "redrive-delay"
+DEFAULT_PARTITIONS = 6
+MAX_BATCH = 5000
+# How long one poll may block when no partition is due sooner: bounds the reaction to stop().
+IDLE_POLL_S = 0.2
+TOPIC_READY_TIMEOUT_S = 30.0
+
+CONSUMER_SETTINGS: Mapping[str, Any] = {
+    # The fetch queue is the only buffer of pending records; bounding it keeps memory flat
+    # however deep the tiers are.
+    "queued.min.messages": 2000,
+    "queued.max.messages.kbytes": 8192,
+    # A record that lands on an idle partition waits at most this long to be fetched, even from
+    # a broker that holds a long poll to its end; it is part of the service's lateness.
+    "fetch.wait.max.ms": 50,
+    # When the local queue is over those limits, librdkafka postpones the partition's next fetch
+    # by this much (1 s by default), which would add straight to the records' lateness.
+    "fetch.queue.backoff.ms": 20,
+    # Eager assignment: every member's transaction is committed before partitions move.
+    "partition.assignment.strategy": "range",
+}
+PRODUCER_SETTINGS: Mapping[str, Any] = {
+    # The partitioner of the Java client, so keyed records land where the application's own
+    # producers put that key.
+    "partitioner": "murmur2_random",
+}
+
+Key = tuple[str, int]
+
+
+class DelayServiceError(RedriveError):
+    """The service cannot go on (fenced by a newer instance, or a fatal client error)."""
+
+
+@dataclass
+class _Partition:
+    tier: Tier
+    held_offset: int | None = None  # the first record not yet due; the partition is paused
+    resume_at_ms: int = 0
+
+
+@dataclass
+class _Batch:
+    """What one poll forwards, and where to rewind to if that fails."""
+
+    out: list[kafka.OutRecord] = field(default_factory=list)
+    offsets: list[TopicPartition] = field(default_factory=list)
+    starts: dict[Key, int] = field(default_factory=dict)
+    hops: dict[str, int] = field(default_factory=dict)
+    delivered: dict[str, int] = field(default_factory=dict)
+    lateness_ms: list[int] = field(default_factory=list)
+    malformed: int = 0
+
+
+class _Malformed(Exception):
+    def __init__(self, error: RedriveError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class DelayService:
+    """Forward delayed records when they are due; `run()` until `stop()` or SIGTERM.
+
+    connection: a bootstrap address or a librdkafka config mapping (security settings etc.).
+    instance_id: a stable name per instance (a pod name): used as `group.instance.id` and in the
+        transactional id, so that a restarted instance gets its partitions back at once and
+        aborts what its crashed predecessor left open. Without it each run gets a random one.
+    transactional: False forwards at-least-once (no transactions; a crash may duplicate).
+    """
+
+    def __init__(self, connection: kafka.Connection, tiers: Tiers = DEFAULT_TIERS, *,
+                 transactional: bool = True, instance_id: str | None = None,
+                 metrics_port: int | None = None, group_id: str = DEFAULT_GROUP,
+                 partitions: int = DEFAULT_PARTITIONS, create_topics: bool = True,
+                 max_batch: int = MAX_BATCH,
+                 consumer_overrides: Mapping[str, Any] | None = None,
+                 producer_overrides: Mapping[str, Any] | None = None) -> None:
+        if partitions < 1:
+            raise InvalidPolicy("partitions", partitions, "must be >= 1")
+        if max_batch < 1:
+            raise InvalidPolicy("max_batch", max_batch, "must be >= 1")
+        if instance_id == "":
+            raise InvalidPolicy("instance_id", instance_id, "must not be empty")
+        self.connection = connection
+        self.tiers = tiers
+        self.transactional = transactional
+        self.instance_id = instance_id
+        self.group_id = group_id
+        self.partitions = partitions
+        self.create_topics = create_topics
+        self.max_batch = max_batch
+        self.metrics = Metrics("delay", group_id)
+        self._metrics_port = metrics_port
+        self._consumer_overrides = dict(consumer_overrides or {})
+        self._producer_overrides = dict(producer_overrides or {})
+        self._stopping = threading.Event()
+        self._state: dict[Key, _Partition] = {}
+        self._known_topics: set[str] = set()
+        self._targets: dict[bytes, str] = {}
+        self._refreshed = False
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask `run()` to finish forwarding the current poll and return (thread-, signal-safe)."""
+        self._stopping.set()
+
+    def run(self) -> None:
+        """Forward until stop() (or SIGTERM/SIGINT when run from the main thread)."""
+        previous = self._install_signal_handlers()
+        try:
+            self._start()
+            while not self._stopping.is_set():
+                self._step()
+        finally:
+            self._close()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def request_stop(signum: int, frame: FrameType | None) -> None:
+            self.stop()
+
+        return {signum: signal.signal(signum, request_stop)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def _start(self) -> None:
+        if self.create_topics:
+            ensure_topics(self.connection, self.tiers, self.partitions)
+        if self._metrics_port is not None:
+            self.metrics.serve(self._metrics_port)
+        consumer_settings = dict(CONSUMER_SETTINGS)
+        if self.instance_id is not None:
+            consumer_settings["group.instance.id"] = self.instance_id
+        self._consumer = kafka.consumer(self.connection, self.group_id,
+                                        {**consumer_settings, **self._consumer_overrides})
+        transactional_id = None
+        if self.transactional:
+            suffix = self.instance_id or uuid.uuid4().hex
+            transactional_id = f"{self.group_id}.{suffix}"
+        self._producer = kafka.producer(self.connection, transactional_id=transactional_id,
+                                        overrides={**PRODUCER_SETTINGS,
+                                                   **self._producer_overrides})
+        if self.transactional:
+            # Fences any older producer with this id and aborts what it left open.
+            self._producer.init_transactions()
+        self._consumer.subscribe(self.tiers.topics, on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+        self._state.clear()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # A partition this instance held paused before the rebalance starts afresh from its
+        # committed offset; it must not stay paused with no state left to resume it.
+        consumer.assign(partitions)
+        consumer.resume(partitions)
+        for tp in partitions:
+            self._state[(tp.topic, tp.partition)] = _Partition(self.tiers.by_topic(tp.topic))
+        self.metrics.rebalanced("assigned")
+        log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
+        self._report_paused()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._state.pop((tp.topic, tp.partition), None)
+        self.metrics.rebalanced("revoked")
+        self._report_paused()
+
+    def _report_paused(self) -> None:
+        self.metrics.paused_partitions(
+            sum(1 for state in self._state.values() if state.held_offset is not None))
+
+    # --- one poll ---------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        consumer = self._clients()[0]
+        self._resume_due(now_ms())
+        first = consumer.poll(self._poll_timeout_s(now_ms()))
+        if first is None:
+            return
+        # poll returns at the first record; draining what else is already fetched batches the
+        # transaction without waiting for more.
+        messages = [first, *consumer.consume(self.max_batch - 1, 0)]
+        batch = self._admit(messages, now_ms())
+        if batch.offsets:
+            self._forward(batch)
+
+    def _clients(self) -> tuple[Consumer, Producer]:
+        if self._consumer is None or self._producer is None:
+            raise DelayServiceError("the delay service is not running: call run()")
+        return self._consumer, self._producer
+
+    def _poll_timeout_s(self, now: int) -> float:
+        resumes = [state.resume_at_ms for state in self._state.values()
+                   if state.held_offset is not None]
+        if not resumes:
+            return IDLE_POLL_S
+        return min(IDLE_POLL_S, max(0.0, (min(resumes) - now) / 1000))
+
+    def _resume_due(self, now: int) -> None:
+        due = [key for key, state in self._state.items()
+               if state.held_offset is not None and state.resume_at_ms <= now]
+        if not due:
+            return
+        self._clients()[0].resume([TopicPartition(topic, partition) for topic, partition in due])
+        for key in due:
+            self._state[key].held_offset = None
+        self._report_paused()
+
+    def _admit(self, messages: Sequence[Message], now: int) -> _Batch:
+        runs: dict[Key, list[Message]] = {}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.fatal():
+                    raise DelayServiceError(f"fatal consumer error: {error.str()}")
+                log.warning("consumer error: %s", error.str())
+                continue
+            key = (str(message.topic()), int(message.partition() or 0))
+            state = self._state.get(key)
+            # Records of a paused partition fetched before the pause are fetched again later.
+            if state is None or state.held_offset is not None:
+                continue
+            runs.setdefault(key, []).append(message)
+        batch = _Batch()
+        self._refreshed = False
+        for key, run in runs.items():
+            state = self._state[key]
+            # The gate stops at the first record not due, so exactly the admitted get planned.
+            admission = gate.admit(self._plan_run(run, state.tier, now, batch), now)
+            batch.starts[key] = int(run[0].offset() or 0)
+            if admission.count:
+                last = run[admission.count - 1]
+                batch.offsets.append(TopicPartition(key[0], key[1], int(last.offset() or 0) + 1))
+            if admission.next_due_ms is not None:
+                self._hold(key, state, int(run[admission.count].offset() or 0),
+                           admission.next_due_ms)
+        self._report_paused()
+        return batch
+
+    def _plan_run(self, run: Sequence[Message], tier: Tier, now: int,
+                  batch: _Batch) -> Iterator[int | None]:
+        """Yield each record's gate due time, adding its copy to the batch if it is due."""
+        for message in run:
+            record_headers = kafka.message_headers(message)
+            try:
+                target, final_due = self._read(record_headers)
+            except _Malformed as bad:
+                batch.out.append(self._dead_letter(message, record_headers, bad.error, now))
+                batch.malformed += 1
+                yield None
+                continue
+            kind, written = message.timestamp()
+            # Without a timestamp the hop's start is unknown; the final due time is a safe
+            # stand-in, never early, and cannot block the partition for longer than the record
+            # itself asked to wait.
+            due = final_due if kind == TIMESTAMP_NOT_AVAILABLE else hop_due(
+                written, tier.delay_ms, final_due)
+            if due <= now:
+                next_tier = self.tiers.next_hop(final_due - now)
+                topic = target if next_tier is None else next_tier.topic
+                batch.out.append(kafka.OutRecord(topic, message.value(), message.key(),
+                                               record_headers, timestamp_ms=now))
+                if next_tier is None:
+                    batch.delivered[target] = batch.delivered.get(target, 0) + 1
+                    batch.lateness_ms.append(now - final_due)
+                else:
+                    batch.hops[topic] = batch.hops.get(topic, 0) + 1
+            yield due
+
+    def _read(self, record_headers: list[tuple[str, bytes]]) -> tuple[str, int]:
+        """The record's target and final due time; only these two headers matter here (the
+        target's own consumer validates the rest), which keeps the per-record cost low."""
+        try:
+            due = h.read_due(record_headers)
+            raw = h.last(record_headers, h.TARGET)
+            if raw is None:
+                raise MalformedHeader(h.TARGET, None,
+                                      "missing: the delay service needs the topic to deliver to")
+            if due is None:
+                raise MalformedHeader(h.DUE, None,
+                                      "missing: the delay service needs the time to deliver at")
+            target = self._targets.get(raw)
+            if target is None:
+                target = self._check_target(raw)
+        except (MalformedHeader, InvalidPolicy) as exc:
+            raise _Malformed(exc) from exc
+        return target, due
+
+    def _check_target(self, raw: bytes) -> str:
+        try:
+            target = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedHeader(h.TARGET, raw, "not UTF-8 text") from exc
+        check_target(target, self.tiers, h.TARGET)
+        if not self._topic_exists(target):
+            # A target that does not exist would fail the whole transaction again and again.
+            raise InvalidPolicy(h.TARGET, target, "no such topic on the cluster")
+        # Only existing topics are remembered, so the cache is as small as the cluster's list.
+        self._targets[raw] = target
+        return target
+
+    def _topic_exists(self, topic: str) -> bool:
+        if topic in self._known_topics:
+            return True
+        if not self._refreshed:
+            # One metadata call per poll at most, and only when a target is unknown.
+            self._refreshed = True
+            metadata = self._clients()[1].list_topics(timeout=10)
+            self._known_topics = {name for name, meta in metadata.topics.items()
+                                  if meta.error is None}
+        return topic in self._known_topics
+
+    def _dead_letter(self, message: Message, record_headers: list[tuple[str, bytes]],
+                     error: RedriveError, now: int) -> kafka.OutRecord:
+        where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+        dead_headers = h.replace(record_headers, {
+            h.REASON: "malformed",
+            h.ERROR_TYPE: qualified_name(type(error)),
+            h.ERROR_MESSAGE: f"{error} (record {where})",
+        })
+        log.warning("dead-lettering record %s: %s", where, error)
+        return kafka.OutRecord(self.tiers.dead_letter, message.value(), message.key(),
+                               dead_headers, timestamp_ms=now)
+
+    def _hold(self, key: Key, state: _Partition, offset: int, due_ms: int) -> None:
+        consumer = self._clients()[0]
+        tp = TopicPartition(key[0], key[1], offset)
+        consumer.pause([tp])
+        consumer.seek(tp)
+        state.held_offset = offset
+        state.resume_at_ms = due_ms
+
+    # --- forwarding -------------------------------------------------------------------------
+
+    def _forward(self, batch: _Batch) -> None:
+        try:
+            if self.transactional:
+                self._forward_in_transaction(batch)
+            else:
+                self._forward_at_least_once(batch)
+        except (KafkaException, DeliveryFailed) as exc:
+            log.warning("forwarding %d record(s) failed, will retry them: %s",
+                        len(batch.out), exc)
+            self._rewind(batch)
+            return
+        self._count(batch)
+
+    def _forward_in_transaction(self, batch: _Batch) -> None:
+        consumer, producer = self._clients()
+        producer.begin_transaction()
+        try:
+            for record in batch.out:
+                kafka.produce(producer, record)
+            producer.send_offsets_to_transaction(batch.offsets,
+                                                 consumer.consumer_group_metadata())
+            producer.commit_transaction()
+        except KafkaException as exc:
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.fatal():
+                raise DelayServiceError(
+                    f"transactional producer failed fatally (fenced by another instance with "
+                    f"the same instance_id?): {error.str()}") from exc
+            producer.abort_transaction()
+            raise
+
+    def _forward_at_least_once(self, batch: _Batch) -> None:
+        consumer, producer = self._clients()
+        kafka.produce_confirmed(producer, batch.out)
+        consumer.commit(offsets=batch.offsets, asynchronous=False)
+
+    def _rewind(self, batch: _Batch) -> None:
+        consumer = self._clients()[0]
+        for key, offset in batch.starts.items():
+            state = self._state.get(key)
+            if state is None:
+                continue
+            tp = TopicPartition(key[0], key[1], offset)
+            if state.held_offset is not None:
+                consumer.resume([tp])
+                state.held_offset = None
+            consumer.seek(tp)
+        self._report_paused()
+
+    def _count(self, batch: _Batch) -> None:
+        for topic, count in [*batch.hops.items(), *batch.delivered.items()]:
+            self.metrics.forwarded(topic, count)
+        for late in batch.lateness_ms:
+            self.metrics.late_by(late / 1000)
+        for _ in range(batch.malformed):
+            self.metrics.dead_lettered(self.tiers.dead_letter, "malformed")
+
+
+def ensure_topics(connection: kafka.Connection, tiers: Tiers,
+                  partitions: int = DEFAULT_PARTITIONS,
+                  timeout_s: float = TOPIC_READY_TIMEOUT_S) -> list[str]:
+    """Create the missing tier and dead-letter topics; return once metadata shows them all."""
+    admin = kafka.admin(connection)
+    created = kafka.create_topics(admin, {topic: partitions for topic in tiers.owned_topics})
+    deadline = now_ms() + int(timeout_s * 1000)
+    while True:
+        missing = [topic for topic in tiers.owned_topics
+                   if topic not in kafka.topic_partitions(admin)]
+        if not missing:
+            return created
+        if now_ms() > deadline:
+            raise DelayServiceError(f"topics {missing} still missing from metadata after "
+                                    f"{timeout_s}s")
+        time.sleep(0.05)

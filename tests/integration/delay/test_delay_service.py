@@ -1,0 +1,219 @@
+"""The delay service on the test broker: never early, bounded lateness, malformed input, and
+exactly-once forwarding across a crash and across two instances."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.delay import DelayService, Tiers, schedule
+
+from .conftest import SERVICE_LATENCY_MS, Arrival, Reader, now_ms, running, warm_producer
+
+NewTopic = Callable[..., str]
+UniqueName = Callable[..., str]
+
+
+def check_on_time(arrivals: list[Arrival], tiers: Tiers) -> None:
+    """Every record reached its target at or after its due time, and within the bound."""
+    bound = tiers.smallest_ms + SERVICE_LATENCY_MS
+    early = [a.value for a in arrivals if a.timestamp_ms < a.due_ms or a.seen_ms < a.due_ms]
+    assert early == []
+    late = {a.value: a.timestamp_ms - a.due_ms for a in arrivals
+            if a.timestamp_ms - a.due_ms > bound}
+    assert late == {}, f"later than {bound} ms after their due time"
+
+
+def check_once(arrivals: list[Arrival], expected: set[bytes]) -> None:
+    counts = collections.Counter(a.value for a in arrivals)
+    assert {v: n for v, n in counts.items() if n > 1} == {}, "delivered more than once"
+    assert expected - set(counts) == set(), "never delivered"
+    assert set(counts) - expected == set(), "delivered but never scheduled"
+
+
+def test_delays_from_100ms_to_seconds_arrive_never_early_and_within_the_bound(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName) -> None:
+    target = new_topic(2)
+    service = DelayService(bootstrap, tiers, instance_id=unique_name("i"), partitions=2,
+                           group_id=unique_name("g"))
+    delays_ms = [0, 100, 150, 250, 400, 700, 1000, 1300, 2000, 2600, 3500, 5000, 6200, 7300]
+    reader = Reader(bootstrap, target)
+    with running(service):
+        producer = warm_producer(bootstrap, new_topic())
+        sent: dict[bytes, tuple[bytes, list[tuple[str, bytes]], str | None]] = {}
+        for copy in range(4):
+            for delay in delays_ms:
+                value = f"{delay}-{copy}".encode()
+                key = f"k{copy}".encode()
+                user_headers = [("trace", value), (h.ATTEMPT, b"2")]
+                group = "billing" if copy % 2 else None
+                schedule(producer, target, value, key, user_headers, delay=delay / 1000,
+                         tiers=tiers, group=group)
+                sent[value] = (key, user_headers, group)
+        at = datetime.fromtimestamp((now_ms() + 1_200) / 1000, tz=UTC)
+        schedule(producer, target, b"at", tiers=tiers, at=at)
+        sent[b"at"] = (b"", [], None)
+        assert producer.flush(10) == 0
+        arrivals = reader.read(len(sent), timeout_s=30)
+    reader.close()
+    check_once(arrivals, set(sent))
+    check_on_time(arrivals, tiers)
+    for arrival in arrivals:
+        key, user_headers, group = sent[arrival.value or b""]
+        assert arrival.key == (key or None)
+        assert arrival.headers[:len(user_headers)] == user_headers  # unchanged, in order
+        assert arrival.header(h.TARGET) == target
+        assert arrival.header(h.GROUP) == group
+    direct = len([d for d in delays_ms if d == 0]) * 4
+    assert service.metrics.value("redrive_forwarded_total", topic=target) == len(sent) - direct
+    # 7.3 s took the 5 s tier, then the 1 s tier twice, then the 100 ms tier (a timing wheel)
+    assert service.metrics.value("redrive_forwarded_total", topic=tiers.topics[1]) >= 8
+
+
+def test_malformed_records_go_to_the_dead_letter_topic_and_never_block(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName) -> None:
+    target = new_topic(1)
+    service = DelayService(bootstrap, tiers, instance_id=unique_name("i"), partitions=1,
+                           group_id=unique_name("g"))
+    reader = Reader(bootstrap, target)
+    with running(service):
+        tier = tiers.topics[1]  # the 1 s tier, one partition: everything queues behind the head
+        now = now_ms()
+        hour_later = str(now + 3_600_000).encode()
+        bad = [
+            [(h.DUE, hour_later)],  # no target, and due in an hour: must not hold the partition
+            [(h.TARGET, target.encode()), (h.DUE, b"soon")],
+            [(h.TARGET, tier.encode()), (h.DUE, str(now).encode())],
+            [(h.TARGET, b"no-such-topic-" + unique_name().encode()), (h.DUE, str(now).encode())],
+            [(h.TARGET, target.encode())],
+        ]
+        good = [(h.TARGET, target.encode()), (h.DUE, str(now + 1_000).encode())]
+        records = [kafka.OutRecord(tier, f"bad{i}".encode(), None, headers, timestamp_ms=now)
+                   for i, headers in enumerate(bad)]
+        records.insert(2, kafka.OutRecord(tier, b"good0", None, good, timestamp_ms=now))
+        records.append(kafka.OutRecord(tier, b"good1", None, good, timestamp_ms=now))
+        kafka.produce_confirmed(kafka.producer(bootstrap), records)
+        arrivals = reader.read(2, timeout_s=15)
+        dead = Reader(bootstrap, tiers.dead_letter).read(len(bad), timeout_s=15)
+    reader.close()
+    check_once(arrivals, {b"good0", b"good1"})
+    check_on_time(arrivals, tiers)
+    assert [d.value for d in dead] == [f"bad{i}".encode() for i in range(len(bad))]
+    assert {d.header(h.REASON) for d in dead} == {"malformed"}
+    messages = [d.header(h.ERROR_MESSAGE) or "" for d in dead]
+    assert "redrive-target=None" in messages[0] and "missing" in messages[0]
+    assert "redrive-due=b'soon'" in messages[1]
+    assert f"redrive-target={tier!r}" in messages[2] and "own topics" in messages[2]
+    assert "no-such-topic-" in messages[3] and "no such topic" in messages[3]
+    assert "redrive-due=None" in messages[4]
+    assert all(f"{tier}[0]@" in m for m in messages)
+    assert service.metrics.value("redrive_dead_lettered_total", topic=tiers.dead_letter,
+                                 reason="malformed") == len(bad)
+
+
+def test_at_least_once_mode_forwards_without_transactions(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName) -> None:
+    target = new_topic(1)
+    service = DelayService(bootstrap, tiers, transactional=False, partitions=1,
+                           group_id=unique_name("g"))
+    reader = Reader(bootstrap, target)
+    with running(service):
+        producer = warm_producer(bootstrap, new_topic())
+        values = {f"v{i}".encode() for i in range(20)}
+        for i, value in enumerate(sorted(values)):
+            schedule(producer, target, value, delay=0.1 + i * 0.06, tiers=tiers)
+        producer.flush(10)
+        arrivals = reader.read(len(values), timeout_s=15)
+    reader.close()
+    check_once(arrivals, values)
+    check_on_time(arrivals, tiers)
+
+
+def service_process(bootstrap: str, tiers: Tiers, group: str, instance: str,
+                    log: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "redrive.delay", "run", "--bootstrap", bootstrap,
+               "--tiers", ",".join(f"{t.delay_ms}ms" for t in tiers.tiers),
+               "--prefix", tiers.prefix, "--group", group, "--instance-id", instance,
+               "--partitions", "3"]
+    with log.open("ab") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_sigkill_while_forwarding_then_restart_delivers_every_record_exactly_once(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName,
+        tmp_path: Path) -> None:
+    target = new_topic(3)
+    group, instance = unique_name("g"), unique_name("i")
+    log = tmp_path / "service.log"
+    first = service_process(bootstrap, tiers, group, instance, log)
+    reader = Reader(bootstrap, target)
+    try:
+        producer = warm_producer(bootstrap, new_topic())
+        rng = random.Random(7)
+        values = {f"r{i}".encode() for i in range(3000)}
+        for value in values:
+            schedule(producer, target, value, key=value, delay=rng.uniform(1.0, 4.0),
+                     tiers=tiers)
+        producer.flush(30)
+        deadline = time.monotonic() + 60
+        while len(reader.arrivals) < 600:
+            assert first.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the service forwarded nothing"
+            reader.read(0, timeout_s=1, idle_s=0)
+        first.kill()
+        first.wait(10)
+        at_kill = len(reader.arrivals)
+        assert at_kill < len(values), "the kill came after the last record: not mid-forwarding"
+        second = service_process(bootstrap, tiers, group, instance, log)
+        try:
+            arrivals = reader.read(len(values), timeout_s=90, idle_s=2.0)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            code = second.wait(20)
+    finally:
+        reader.close()
+        first.kill()
+    check_once(arrivals, values)
+    # Records due while no instance ran are late by the downtime; none is ever early.
+    assert [a.value for a in arrivals if a.timestamp_ms < a.due_ms] == []
+    assert code == 0, log.read_text()
+    assert "stopped after forwarding" in log.read_text()
+
+
+def test_two_instances_split_the_partitions_and_deliver_everything_once(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName) -> None:
+    target = new_topic(4)
+    group = unique_name("g")
+    first = DelayService(bootstrap, tiers, instance_id=unique_name("a"), partitions=4,
+                         group_id=group)
+    second = DelayService(bootstrap, tiers, instance_id=unique_name("b"), partitions=4,
+                          group_id=group)
+    reader = Reader(bootstrap, target)
+    with running(first), running(second):
+        time.sleep(1.0)  # the first instance's share is handed over after the second joined
+        producer = warm_producer(bootstrap, new_topic())
+        values = {f"v{i}".encode() for i in range(800)}
+        rng = random.Random(11)
+        for value in values:
+            schedule(producer, target, value, key=value, delay=rng.uniform(0.1, 2.5),
+                     tiers=tiers)
+        producer.flush(10)
+        arrivals = reader.read(len(values), timeout_s=30, idle_s=1.0)
+    reader.close()
+    check_once(arrivals, values)
+    check_on_time(arrivals, tiers)
+    shares = [service.metrics.value("redrive_forwarded_total", topic=target)
+              for service in (first, second)]
+    assert sum(shares) == len(values)
+    assert min(shares) > 0, f"one instance forwarded nothing: {shares}"
