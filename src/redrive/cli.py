@@ -115,13 +115,17 @@ def topics_create(topic: str, group: str, bootstrap: str, partitions: int | None
 @click.option("--kind", type=click.Choice(["noida-db", "tansu"]), default="noida-db",
               show_default=True)
 @click.option("--port", type=int, default=9092, show_default=True)
-@click.option("--data-dir", default=".redrive/dev-broker", show_default=True,
-              help="Where noida-db keeps its data (Tansu keeps everything in memory).")
-def dev_broker(kind: str, port: int, data_dir: str) -> None:
+@click.option("--data-dir", default=None,
+              help="Where noida-db keeps its data [default: .redrive/dev-broker/KIND]; Tansu "
+                   "keeps everything in memory.")
+def dev_broker(kind: str, port: int, data_dir: str | None) -> None:
     """Run a development broker in the foreground (for trying redrive; not for production)."""
     from redrive import devbroker
 
-    devbroker.serve(kind, port, data_dir)
+    try:
+        devbroker.serve(kind, port, data_dir)
+    except (devbroker.DevBrokerError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 cli.add_command(delay_command)
