@@ -10,6 +10,7 @@ import click
 from redrive import kafka, topics
 from redrive.delay.command import delay_command
 from redrive.errors import RedriveError
+from redrive.ops_cli import dlt, stats_command
 from redrive.policy import Backoff, Naming, RetryPolicy
 from redrive.table import render
 
@@ -129,6 +130,8 @@ def dev_broker(kind: str, port: int, data_dir: str | None) -> None:
 
 
 cli.add_command(delay_command)
+cli.add_command(dlt)
+cli.add_command(stats_command)
 
 
 def main() -> None:

@@ -1,0 +1,33 @@
+"""PySpark integration: the `redrive-kafka` source (Spark's Kafka schema plus the due gate) and a
+Kafka writer that keeps headers and fails a task unless every record was acknowledged."""
+
+from __future__ import annotations
+
+from redrive.spark.outcomes import PipelineStats
+from redrive.spark.pipeline import RetryPipeline
+from redrive.spark.source import (
+    SOURCE_NAME,
+    DataLoss,
+    KafkaReadFailed,
+    RedriveKafkaSource,
+    SourceOptionError,
+    SourceOptions,
+    kafka_schema,
+    register,
+)
+from redrive.spark.writer import WriterInputError, write_to_kafka
+
+__all__ = [
+    "SOURCE_NAME",
+    "DataLoss",
+    "KafkaReadFailed",
+    "PipelineStats",
+    "RedriveKafkaSource",
+    "RetryPipeline",
+    "SourceOptionError",
+    "SourceOptions",
+    "WriterInputError",
+    "kafka_schema",
+    "register",
+    "write_to_kafka",
+]

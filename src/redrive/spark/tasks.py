@@ -1,0 +1,268 @@
+"""What RetryPipeline runs on executors: the user's function over Arrow batches, and routing.
+
+Everything here must be importable on a Spark worker and is pickled by reference; the user's
+function and the policy travel with the task (cloudpickle).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+
+from redrive import gate
+from redrive import headers as h
+from redrive.errors import MalformedHeader
+from redrive.policy import Disposition, RetryPolicy
+from redrive.record import ErrorInfo, Record
+from redrive.routing import DeadLetter, route
+from redrive.topics import partition_for
+
+OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+
+RecordFunction = Callable[[dict[str, Any]], Mapping[str, Any]]
+BatchFunction = Callable[[Any], Any]  # pandas.DataFrame -> pandas.DataFrame with an error column
+
+# Columns the process step adds to the source's; `output` holds the user's result struct.
+STATUS_COLUMNS = [
+    ("status", pa.string()),
+    ("attempt", pa.int32()),
+    ("due_ms", pa.int64()),
+    ("handled_ms", pa.int64()),
+    ("in_place", pa.int32()),
+    ("error_type", pa.string()),
+    ("error_message", pa.string()),
+    ("error_trace", pa.string()),
+    ("error_chain", pa.string()),
+]
+ROUTED_SCHEMA = pa.schema([
+    ("topic", pa.string()),
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ("partition", pa.int32()),
+    ("kind", pa.string()),
+    ("reason", pa.string()),
+    ("attempt", pa.int32()),
+])
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def record_of(row: Mapping[str, Any]) -> Record:
+    headers = [(pair["key"], bytes(pair["value"] or b"")) for pair in (row.get("headers") or [])]
+    timestamp = row.get("timestamp")
+    timestamp_ms = int(timestamp.timestamp() * 1000) if timestamp is not None else 0
+    return Record(row["topic"], int(row["partition"]), int(row["offset"]), timestamp_ms,
+                  _bytes(row.get("key")), _bytes(row.get("value")), headers)
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def user_input(record: Record) -> dict[str, Any]:
+    """The dict a user's function receives: the Kafka fields and the record's retry history."""
+    return {
+        "key": record.key, "value": record.value, "topic": record.topic,
+        "partition": record.partition, "offset": record.offset,
+        "timestamp_ms": record.timestamp_ms, "headers": record.headers,
+        "attempt": record.delivery.attempt, "first_failure_ms": record.delivery.first_failure_ms,
+        "original_topic": record.origin().topic,
+    }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    output: Mapping[str, Any] | None = None
+    error: ErrorInfo | None = None
+    in_place: int = 0
+
+
+def _error_columns(error: ErrorInfo | None) -> dict[str, Any]:
+    if error is None:
+        return {"error_type": None, "error_message": None, "error_trace": None,
+                "error_chain": None}
+    return {"error_type": error.type_name, "error_message": error.message,
+            "error_trace": error.trace, "error_chain": json.dumps(error.chain)}
+
+
+def error_of(row: Mapping[str, Any]) -> ErrorInfo:
+    chain = tuple(tuple(kinds) for kinds in json.loads(row["error_chain"] or "[]"))
+    return ErrorInfo(row["error_type"] or "", row["error_message"] or "",
+                     row["error_trace"] or "", chain)
+
+
+def call_with_in_place(function: Callable[[], Mapping[str, Any]], policy: RetryPolicy,
+                       sleep: Callable[[float], None] = time.sleep) -> Outcome:
+    """Run the user's function; errors the policy marks in-place are retried here first."""
+    in_place = 0
+    while True:
+        try:
+            return Outcome(OK, dict(function()), in_place=in_place)
+        except Exception as exc:
+            error = ErrorInfo.from_exception(exc)
+            budget = policy.in_place
+            if budget is None or policy.disposition(error) is not Disposition.IN_PLACE \
+                    or in_place >= budget.retries:
+                return Outcome(FAILED, error=error, in_place=in_place)
+            in_place += 1
+            sleep(budget.backoff.delay_ms(in_place) / 1000)
+
+
+def admission(record: Record, group: str) -> tuple[Outcome | None, int | None]:
+    """Whether a record is for this group and readable: (outcome if not to be handled, due)."""
+    try:
+        delivery = h.read_delivery(record.headers)
+    except MalformedHeader as exc:
+        return Outcome(FAILED, error=ErrorInfo.from_exception(exc)), None
+    if delivery.group is not None and delivery.group != group:
+        return Outcome(SKIPPED), delivery.due_ms
+    return None, delivery.due_ms
+
+
+def process_rows(rows: Sequence[Mapping[str, Any]], function: RecordFunction,
+                 policy: RetryPolicy, group: str) -> list[tuple[Outcome, int | None, int]]:
+    results: list[tuple[Outcome, int | None, int]] = []
+    for row in rows:
+        record = record_of(row)
+        early, due = admission(record, group)
+        if early is not None:
+            results.append((early, due, _now_ms()))
+            continue
+        record = Record(record.topic, record.partition, record.offset, record.timestamp_ms,
+                        record.key, record.value, record.headers,
+                        h.read_delivery(record.headers))
+        handled = _now_ms()
+        results.append((call_with_in_place(partial(_apply, function, record), policy),
+                        due, handled))
+    return results
+
+
+def _apply(function: RecordFunction, record: Record) -> Mapping[str, Any]:
+    return function(user_input(record))
+
+
+def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, error_column: str,
+                  policy: RetryPolicy, group: str) -> list[tuple[Outcome, int | None, int]]:
+    """The vectorized form: one pandas call per Arrow batch, with an error column per row."""
+    import pandas as pd
+
+    results: list[tuple[Outcome, int | None, int] | None] = [None] * len(rows)
+    handled_rows: list[int] = []
+    inputs: list[dict[str, Any]] = []
+    dues: dict[int, int | None] = {}
+    for index, row in enumerate(rows):
+        record = record_of(row)
+        early, due = admission(record, group)
+        dues[index] = due
+        if early is not None:
+            results[index] = (early, due, _now_ms())
+            continue
+        record = Record(record.topic, record.partition, record.offset, record.timestamp_ms,
+                        record.key, record.value, record.headers,
+                        h.read_delivery(record.headers))
+        handled_rows.append(index)
+        inputs.append(user_input(record))
+    if inputs:
+        handled = _now_ms()
+        try:
+            frame = function(pd.DataFrame(inputs))
+            if len(frame) != len(inputs):
+                raise ValueError(f"batch function returned {len(frame)} rows for {len(inputs)}")
+            errors = frame[error_column] if error_column in frame.columns else [None] * len(frame)
+            outputs = frame.drop(columns=[error_column], errors="ignore").to_dict("records")
+            for index, output, error in zip(handled_rows, outputs, errors, strict=True):
+                if isinstance(error, BaseException):
+                    outcome = Outcome(FAILED, error=ErrorInfo.from_exception(error))
+                elif error is not None and not (isinstance(error, float) and error != error):
+                    outcome = Outcome(FAILED, error=ErrorInfo("Error", str(error)))
+                else:
+                    outcome = Outcome(OK, output)
+                results[index] = (outcome, dues[index], handled)
+        except Exception as exc:
+            failure = Outcome(FAILED, error=ErrorInfo.from_exception(exc))
+            for index in handled_rows:
+                results[index] = (failure, dues[index], handled)
+    return [result for result in results if result is not None]
+
+
+def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: RecordFunction | None,
+                    batch_function: BatchFunction | None, error_column: str,
+                    policy: RetryPolicy, group: str,
+                    output_type: pa.StructType) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: the source columns, then status, error and the user's output struct."""
+    for batch in batches:
+        rows = batch.to_pylist()
+        if batch_function is not None:
+            results = process_frame(rows, batch_function, error_column, policy, group)
+        else:
+            assert record_function is not None
+            results = process_rows(rows, record_function, policy, group)
+        columns: dict[str, list[Any]] = {name: [] for name, _ in STATUS_COLUMNS}
+        outputs: list[Mapping[str, Any] | None] = []
+        for row, (outcome, due, handled) in zip(rows, results, strict=True):
+            delivery_attempt = _attempt(row)
+            columns["status"].append(outcome.status)
+            columns["attempt"].append(delivery_attempt)
+            columns["due_ms"].append(due)
+            columns["handled_ms"].append(handled)
+            columns["in_place"].append(outcome.in_place)
+            for name, value in _error_columns(outcome.error).items():
+                columns[name].append(value)
+            outputs.append(_conform(outcome.output, output_type))
+        arrays = [batch.column(i) for i in range(batch.num_columns)]
+        arrays += [pa.array(columns[name], type=kind) for name, kind in STATUS_COLUMNS]
+        arrays.append(pa.array(outputs, type=output_type))
+        fields = [*batch.schema, *(pa.field(name, kind) for name, kind in STATUS_COLUMNS),
+                  pa.field("output", output_type)]
+        yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _attempt(row: Mapping[str, Any]) -> int:
+    try:
+        return h.read_delivery(record_of(row).headers).attempt
+    except MalformedHeader:
+        return 0
+
+
+def _conform(output: Mapping[str, Any] | None, output_type: pa.StructType) -> dict[str, Any] | None:
+    if output is None:
+        return None
+    names = [output_type.field(i).name for i in range(output_type.num_fields)]
+    return {name: output.get(name) for name in names}
+
+
+def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, group: str,
+                  partitions: Mapping[str, int]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body over failed rows: each becomes its retry or dead-letter copy."""
+    for batch in batches:
+        out: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
+        now = _now_ms()
+        for row in batch.to_pylist():
+            record = record_of(row)
+            decision = route(record, error_of(row), policy, now, group=group)
+            kind = "dead-letter" if isinstance(decision, DeadLetter) else "retry"
+            topic = decision.topic
+            out["topic"].append(topic)
+            out["key"].append(record.key)
+            out["value"].append(record.value)
+            out["headers"].append([{"key": k, "value": v} for k, v in decision.headers])
+            count = partitions.get(topic, 0) if topic is not None else 0
+            out["partition"].append(partition_for(decision.partition, count))
+            out["kind"].append(kind)
+            out["reason"].append(decision.reason if isinstance(decision, DeadLetter) else None)
+            out["attempt"].append(decision.attempt)
+        yield pa.RecordBatch.from_pydict(out, schema=ROUTED_SCHEMA)
+
+
+def is_early(due_ms: int | None, handled_ms: int) -> bool:
+    return not gate.is_due(due_ms, handled_ms)

@@ -1,0 +1,178 @@
+"""RetryPipeline end to end on real Spark and noida-db: failure, retry when due, success, DLT."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from pyspark import cloudpickle
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.policy import Backoff, RetryPolicy
+from redrive.spark import RetryPipeline
+
+# Spark workers cannot import test modules: ship this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+POLICY = RetryPolicy(backoff=Backoff.sequence("1s,2s"), not_retryable=ValueError)
+OUTPUT = "key string, attempt int, late_ms long"
+
+
+def handle(record: dict[str, Any]) -> dict[str, Any]:
+    """Behaviour is spelled in the value: ok, fail1, fail2, poison, forever."""
+    kind = record["value"].decode().split(":")[0]
+    attempt = record["attempt"]
+    if kind == "poison":
+        raise ValueError("poison record")
+    if kind == "forever" or (kind == "fail1" and attempt < 1) or (kind == "fail2" and attempt < 2):
+        raise ConnectionError(f"upstream down (attempt {attempt})")
+    due = h.read_due(record["headers"])
+    late = 0 if due is None else int(time.time() * 1000) - due
+    return {"key": record["key"].decode(), "attempt": attempt, "late_ms": late}
+
+
+def produce(bootstrap: str, topic: str, kinds: list[str], start: int = 0) -> dict[str, str]:
+    sent = {f"k{start + i}": kind for i, kind in enumerate(kinds)}
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, f"{kind}:{key}".encode(), key.encode(), [("trace", b"\x01\xfe")])
+        for key, kind in sent.items()])
+    return sent
+
+
+def collecting_sink(rows: list[Any]) -> Any:
+    def sink(frame: Any, batch_id: int) -> None:
+        rows.extend(frame.collect())
+    return sink
+
+
+def read_all(bootstrap: str, topic: str) -> list[Any]:
+    consumer = kafka.consumer(bootstrap, overrides={"enable.partition.eof": True})
+    partitions = kafka.topic_partitions(kafka.admin(bootstrap))[topic]
+    from confluent_kafka import TopicPartition
+
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    messages, ended = [], set()
+    deadline = time.monotonic() + 20
+    while len(ended) < partitions and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is None:
+            continue
+        if message.error():
+            ended.add(message.partition())
+            continue
+        messages.append(message)
+    consumer.close()
+    return messages
+
+
+def test_full_cycle_retry_when_due_then_success_and_dead_letters(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    topic = new_topic(partitions=2)
+    group = unique_name("pipe")
+    kinds = ["ok"] * 20 + ["fail1"] * 6 + ["fail2"] * 4 + ["poison"] * 3 + ["forever"] * 2
+    sent = produce(bootstrap, topic, kinds)
+    rows: list[Any] = []
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, function=handle,
+                             output_schema=OUTPUT, sink=collecting_sink(rows),
+                             checkpoint=str(tmp_path / "cp"), trigger_interval="300 milliseconds")
+    stats = pipeline.run(until=lambda s: s.finished >= len(kinds), timeout_s=150)
+
+    by_key = {row["key"]: row for row in rows}
+    assert len(rows) == len(by_key) == 30  # every success once
+    assert Counter(row["attempt"] for row in rows) == {0: 20, 1: 6, 2: 4}
+    assert all(row["late_ms"] >= 0 for row in rows)  # never handled before due
+    assert stats.early == 0
+    assert stats.retried_by_attempt == {1: 12, 2: 6}
+    assert stats.dead_lettered_by_reason == {"not-retryable": 3, "exhausted": 2}
+
+    dead = read_all(bootstrap, f"{topic}.{group}.dlt")
+    assert len(dead) == 5
+    for message in dead:
+        pairs = kafka.message_headers(message)
+        key = message.key().decode()
+        reason = h.last(pairs, h.REASON)
+        assert reason == (b"not-retryable" if sent[key] == "poison" else b"exhausted")
+        delivery = h.read_delivery(pairs)
+        assert delivery.original is not None and delivery.original.topic == topic
+        assert delivery.group == group
+        assert delivery.attempt == (1 if sent[key] == "poison" else 3)
+        assert h.last(pairs, h.ERROR_TYPE) == (
+            b"ValueError" if sent[key] == "poison" else b"ConnectionError")
+        assert ("trace", b"\x01\xfe") in pairs  # the record's own headers survive
+        assert h.last(pairs, h.DUE) is None
+
+    retries = read_all(bootstrap, f"{topic}.{group}.retry.1s")
+    assert len(retries) == 12
+    for message in retries:
+        pairs = kafka.message_headers(message)
+        delivery = h.read_delivery(pairs)
+        assert delivery.attempt == 1 and delivery.due_ms is not None
+        assert delivery.first_failure_ms is not None
+        assert delivery.due_ms >= delivery.first_failure_ms + 1000
+        assert delivery.original is not None
+        assert message.partition() == delivery.original.partition  # partition kept
+
+    committed = kafka.consumer(bootstrap, group).committed(
+        [__import__("confluent_kafka").TopicPartition(topic, p) for p in range(2)], timeout=10)
+    assert sum(tp.offset for tp in committed) == len(kinds)  # progress visible to lag tools
+
+
+def test_restart_from_checkpoint_loses_nothing(spark: Any, bootstrap: str, new_topic: Any,
+                                               unique_name: Any, tmp_path: Path) -> None:
+    topic = new_topic(partitions=2)
+    group = unique_name("restart")
+    rows: list[Any] = []
+    first = produce(bootstrap, topic, ["ok"] * 15 + ["fail1"] * 5)
+    options = {"function": handle, "output_schema": OUTPUT, "sink": collecting_sink(rows),
+               "checkpoint": str(tmp_path / "cp"), "trigger_interval": "300 milliseconds"}
+    RetryPipeline(spark, bootstrap, topic, group, POLICY, **options).run(
+        until=lambda s: s.succeeded >= 15, timeout_s=90)
+    second = produce(bootstrap, topic, ["ok"] * 10 + ["fail1"] * 3, start=len(first))
+    total = len(first) + len(second)
+    RetryPipeline(spark, bootstrap, topic, group, POLICY, **options).run(
+        until=lambda s: len({r["key"] for r in rows}) >= total, timeout_s=90)
+    keys = [row["key"] for row in rows]
+    assert set(keys) == set(first) | set(second)
+    assert len(keys) == len(set(keys))
+
+
+def test_vectorized_form(spark: Any, bootstrap: str, new_topic: Any, unique_name: Any,
+                         tmp_path: Path) -> None:
+    topic = new_topic()
+    group = unique_name("vec")
+    produce(bootstrap, topic, ["ok"] * 8 + ["poison"] * 2)
+
+    def batch(frame: pd.DataFrame) -> pd.DataFrame:
+        values = [bytes(v).decode() for v in frame["value"]]
+        return pd.DataFrame({
+            "key": [bytes(k).decode() for k in frame["key"]],
+            "attempt": frame["attempt"],
+            "late_ms": 0,
+            "error": [ValueError("poison") if v.startswith("poison") else None for v in values],
+        })
+
+    rows: list[Any] = []
+    stats = RetryPipeline(spark, bootstrap, topic, group, POLICY, batch_function=batch,
+                          output_schema=OUTPUT, sink=collecting_sink(rows),
+                          checkpoint=str(tmp_path / "cp"),
+                          trigger_interval="300 milliseconds").run(
+        until=lambda s: s.finished >= 10, timeout_s=90)
+    assert len(rows) == 8
+    assert stats.dead_lettered_by_reason == {"not-retryable": 2}
+
+
+def test_bad_arguments_fail_before_starting(spark: Any, bootstrap: str) -> None:
+    from redrive.errors import InvalidPolicy
+
+    with pytest.raises(InvalidPolicy, match="function"):
+        RetryPipeline(spark, bootstrap, "orders", "g", POLICY, output_schema=OUTPUT,
+                      sink="out", checkpoint="cp")
+    with pytest.raises(InvalidPolicy, match="group"):
+        RetryPipeline(spark, bootstrap, "orders", "bad group", POLICY, function=handle,
+                      output_schema=OUTPUT, sink="out", checkpoint="cp")

@@ -1,0 +1,147 @@
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from redrive import headers as h
+from redrive.policy import Backoff, InPlace, RetryPolicy
+from redrive.record import Origin
+from redrive.spark import tasks
+
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+SOURCE = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
+                    ("partition", pa.int32()), ("offset", pa.int64()),
+                    ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
+                    ("headers", HEADERS)])
+OUTPUT = pa.struct([("n", pa.int64()), ("tag", pa.string())])
+POLICY = RetryPolicy(backoff=Backoff.sequence("1s,2s"), not_retryable=ValueError,
+                     in_place=InPlace(on=TimeoutError, retries=2, backoff=Backoff.fixed("1ms")))
+
+
+def batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    base = {"key": b"k", "value": b"1", "topic": "orders", "partition": 0,
+            "timestamp": datetime(2026, 1, 1, tzinfo=UTC), "timestampType": 0, "headers": []}
+    full = [{**base, "offset": i, **row} for i, row in enumerate(rows)]
+    return pa.RecordBatch.from_pylist(full, schema=SOURCE)
+
+
+def run(rows: list[dict[str, Any]], function: Any) -> list[dict[str, Any]]:
+    out = list(tasks.process_batches(iter([batch(rows)]), record_function=function,
+                                     batch_function=None, error_column="error", policy=POLICY,
+                                     group="g", output_type=OUTPUT))
+    return out[0].to_pylist()
+
+
+def test_success_failure_and_output_conformed_to_schema() -> None:
+    def function(record: dict[str, Any]) -> dict[str, Any]:
+        if record["value"] == b"bad":
+            raise ValueError("bad value")
+        return {"n": int(record["value"]), "tag": record["topic"], "extra": "dropped"}
+
+    rows = run([{"value": b"7"}, {"value": b"bad"}], function)
+    assert [r["status"] for r in rows] == ["ok", "failed"]
+    assert rows[0]["output"] == {"n": 7, "tag": "orders"}
+    assert rows[1]["output"] is None
+    assert (rows[1]["error_type"], rows[1]["error_message"]) == ("ValueError", "bad value")
+    assert "ValueError: bad value" in rows[1]["error_trace"]
+
+
+def test_in_place_errors_are_retried_in_the_task_first() -> None:
+    calls: list[int] = []
+
+    def flaky(record: dict[str, Any]) -> dict[str, Any]:
+        calls.append(record["offset"])
+        if len(calls) < 3:
+            raise TimeoutError("slow")
+        return {"n": 1, "tag": "x"}
+
+    rows = run([{}], flaky)
+    assert rows[0]["status"] == "ok" and rows[0]["in_place"] == 2 and len(calls) == 3
+
+
+def test_in_place_budget_exhausted_is_a_failure_to_route() -> None:
+    def always(record: dict[str, Any]) -> dict[str, Any]:
+        raise TimeoutError("slow")
+
+    rows = run([{}], always)
+    assert rows[0]["status"] == "failed" and rows[0]["in_place"] == 2
+
+
+def test_records_of_another_group_are_skipped_and_malformed_ones_fail() -> None:
+    other = [{"key": h.GROUP, "value": b"other"}]
+    broken = [{"key": h.ATTEMPT, "value": b"many"}]
+    seen: list[int] = []
+
+    def function(record: dict[str, Any]) -> dict[str, Any]:
+        seen.append(record["offset"])
+        return {"n": 0, "tag": ""}
+
+    rows = run([{"headers": other}, {"headers": broken}, {}], function)
+    assert [r["status"] for r in rows] == ["skipped", "failed", "ok"]
+    assert rows[1]["error_type"] == "redrive.errors.MalformedHeader"
+    assert seen == [2]
+
+
+def test_route_batches_sends_failures_to_retry_and_dead_letter_topics() -> None:
+    rows = run([{"value": b"bad"}, {"value": b"x"}, {"value": b"y", "headers": [
+        {"key": k, "value": v} for k, v in h.replace([], {
+            h.ATTEMPT: 2, h.GROUP: "g", **h.origin_fields(Origin("orders", 0, 9))}).copy()]}],
+        lambda r: int(r["value"]))  # ValueError for b"bad", b"x" and b"y"
+    failed = pa.RecordBatch.from_pylist(rows)
+    routed = next(tasks.route_batches(iter([failed]), policy=POLICY, group="g",
+                                      partitions={"orders.g.retry.1s": 1, "orders.g.dlt": 1}))
+    out = routed.to_pylist()
+    assert [(r["topic"], r["kind"], r["reason"], r["attempt"]) for r in out] == [
+        ("orders.g.dlt", "dead-letter", "not-retryable", 1),
+        ("orders.g.dlt", "dead-letter", "not-retryable", 1),
+        ("orders.g.dlt", "dead-letter", "not-retryable", 3),
+    ]
+    assert all(r["partition"] == 0 for r in out)
+    pairs = [(p["key"], p["value"]) for p in out[2]["headers"]]
+    assert h.read_delivery(pairs).original == Origin("orders", 0, 9)
+
+
+def test_retryable_failure_gets_first_retry_topic_and_due_time() -> None:
+    rows = run([{}], lambda r: (_ for _ in ()).throw(ConnectionError("down")))
+    routed = next(tasks.route_batches(iter([pa.RecordBatch.from_pylist(rows)]), policy=POLICY,
+                                      group="g", partitions={}))
+    out = routed.to_pylist()[0]
+    assert (out["topic"], out["kind"], out["attempt"]) == ("orders.g.retry.1s", "retry", 1)
+    assert out["partition"] is None  # topic partition count unknown: the key decides
+    pairs = [(p["key"], p["value"]) for p in out["headers"]]
+    due = h.read_due(pairs)
+    assert due is not None and due >= rows[0]["handled_ms"] + 1000
+
+
+def test_vectorized_form_with_per_row_errors() -> None:
+    import pandas as pd
+
+    def frame_function(frame: pd.DataFrame) -> pd.DataFrame:
+        values = frame["value"].map(bytes)
+        errors = [ValueError("odd") if int(v) % 2 else None for v in values]
+        return pd.DataFrame({"n": [int(v) for v in values], "tag": "b", "error": errors})
+
+    out = next(iter(tasks.process_batches(iter([batch([{"value": b"2"}, {"value": b"3"}])]),
+                                     record_function=None, batch_function=frame_function,
+                                     error_column="error", policy=POLICY, group="g",
+                                     output_type=OUTPUT))).to_pylist()
+    assert [r["status"] for r in out] == ["ok", "failed"]
+    assert out[0]["output"] == {"n": 2, "tag": "b"}
+    assert out[1]["error_message"] == "odd"
+
+
+def test_vectorized_function_that_raises_fails_every_row() -> None:
+    def broken(frame: Any) -> Any:
+        raise RuntimeError("whole batch")
+
+    out = next(iter(tasks.process_batches(iter([batch([{}, {}])]), record_function=None,
+                                     batch_function=broken, error_column="error", policy=POLICY,
+                                     group="g", output_type=OUTPUT))).to_pylist()
+    assert [r["error_message"] for r in out] == ["whole batch", "whole batch"]
+
+
+@pytest.mark.parametrize(("due", "handled", "early"), [(None, 5, False), (5, 5, False),
+                                                       (6, 5, True)])
+def test_early_detection(due: int | None, handled: int, early: bool) -> None:
+    assert tasks.is_early(due, handled) is early
