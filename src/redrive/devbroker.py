@@ -118,9 +118,9 @@ _RUNNING: set[DevBroker] = set()
 
 
 @atexit.register
-def _stop_all() -> None:
+def _close_all() -> None:
     for broker in list(_RUNNING):
-        broker.stop()
+        broker.close()
 
 
 class DevBroker:
@@ -128,7 +128,7 @@ class DevBroker:
 
     kind: "noida-db" (keeps its data in data_dir across restarts) or "tansu" (memory only).
     port: None picks a free port once, at construction, and keeps it across restarts.
-    data_dir: None makes a temporary dir that close() removes.
+    data_dir: None makes a temporary dir that close() removes (at exit too, if still running).
     binary: the executable, by default the one inside the installed wheel.
 
     Start it from a thread that outlives it (the main thread, normally): on Linux the kernel ends

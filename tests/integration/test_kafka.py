@@ -80,12 +80,23 @@ def closed_address() -> str:
 def process_gone(pid: int, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not process_alive(pid):
             return True
         time.sleep(0.05)
     return False
+
+
+def process_alive(pid: int) -> bool:
+    """False for a zombie too: an orphan's zombie lasts until init gets round to reaping it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # without /proc, os.kill is all there is
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # --- produce, consume, admin ------------------------------------------------------------------
@@ -248,7 +259,7 @@ def test_dev_broker_whose_binary_exits_at_once_fails_with_its_log(tmp_path: Path
 ORPHAN_SCRIPT = """
 import sys, time
 from redrive.devbroker import DevBroker
-broker = DevBroker("tansu").start()
+broker = DevBroker("tansu", data_dir=sys.argv[2]).start()
 print(broker.pid, flush=True)
 if sys.argv[1] == "wait":
     time.sleep(120)
@@ -257,8 +268,9 @@ if sys.argv[1] == "wait":
 
 @pytest.mark.parametrize(("ending", "how"), [("exit", None), ("wait", signal.SIGKILL),
                                              ("wait", signal.SIGTERM)])
-def test_no_broker_outlives_its_python_process(ending: str, how: signal.Signals | None) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, ending],
+def test_no_broker_outlives_its_python_process(ending: str, how: signal.Signals | None,
+                                               tmp_path: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, ending, str(tmp_path)],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None

@@ -1,0 +1,76 @@
+"""The Prometheus endpoint of a running RetryingConsumer shows the counted outcomes."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections.abc import Callable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from redrive.consumer import RetryingConsumer
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Record
+
+from ..consumer.conftest import FAST_GROUP, Running, wait_until
+from .conftest import produce_records
+
+NewTopic = Callable[..., str]
+UniqueName = Callable[..., str]
+Start = Callable[[RetryingConsumer], Running]
+
+
+class Once(Exception):
+    pass
+
+
+class Fatal(ValueError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_metrics_endpoint_of_a_running_consumer(bootstrap: str, new_topic: NewTopic,
+                                                unique_name: UniqueName,
+                                                running: Start) -> None:
+    topic, group = new_topic(), unique_name("metrics")
+    port = free_port()
+    policy = RetryPolicy(backoff=Backoff.fixed("100ms"), attempts=3, not_retryable=Fatal)
+
+    def handler(record: Record) -> None:
+        if record.value == b"once" and record.delivery.attempt == 0:
+            raise Once("first try fails")
+        if record.value == b"fatal":
+            raise Fatal("never works")
+
+    produce_records(bootstrap, topic, [(None, v, []) for v in
+                                       (b"a", b"b", b"once", b"fatal", b"c", b"fatal")])
+    run = running(RetryingConsumer(bootstrap, topic, group, policy, handler, config=FAST_GROUP,
+                                   metrics_port=port))
+    wait_until(lambda: run.total("redrive_processed_total") == 4
+               and run.total("redrive_dead_lettered_total") == 2, 30, "4 processed, 2 dead")
+    samples = scrape(port)
+    run.stop()
+
+    def value(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted({"runtime": "consumer", "group": group, **labels}.items())))
+        return samples.get(key, 0.0)
+
+    assert value("redrive_processed_total", topic=topic) == 4
+    assert value("redrive_retried_total", topic=topic, attempt="1") == 1
+    assert value("redrive_dead_lettered_total", topic=topic, reason="not-retryable") == 2
+    assert value("redrive_rebalances_total", kind="assign") >= 1
+    assert value("redrive_lateness_seconds_count") == 1  # the one retry, after its due time
+    assert value("redrive_handler_seconds_count") >= 1
+    assert value("redrive_paused_partitions") == 0

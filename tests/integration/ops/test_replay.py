@@ -1,0 +1,152 @@
+"""Replay on noida-db: to the first retry topic and to the original topic, then processed by the
+consumer runtime; a second replay publishes nothing; the audit log holds who, when and what."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from confluent_kafka.admin import ConfigResource, ResourceType
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.consumer import RetryingConsumer
+from redrive.deadletters import make_filter
+from redrive.metrics import Metrics
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Record
+from redrive.replay import REPLAY_LOG, TO_ORIGINAL, read_log, replay
+
+from ..consumer.conftest import FAST_GROUP, Handled, Running, read_all, wait_until
+from .conftest import produce_records, run_cli, topic_sizes
+
+NewTopic = Callable[..., str]
+UniqueName = Callable[..., str]
+Start = Callable[[RetryingConsumer], Running]
+
+
+class Outage(Exception):
+    pass
+
+
+class Fixable:
+    """A handler that fails chosen values until the 'bug' is fixed."""
+
+    def __init__(self, failing: set[bytes]) -> None:
+        self.failing = failing
+        self.fixed = threading.Event()
+        self.seen = Handled()
+
+    def __call__(self, record: Record) -> None:
+        self.seen.add(record)
+        if record.value in self.failing and not self.fixed.is_set():
+            raise Outage(f"{record.value!r} failed")
+
+
+def test_replay_to_the_first_retry_topic_is_processed_once(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
+    topic, group = new_topic(partitions=2), unique_name("replay")
+    policy = RetryPolicy(backoff=Backoff.fixed("100ms"), attempts=2)
+    handler = Fixable({b"flaky-1", b"flaky-2"})
+    produce_records(bootstrap, topic, [(b"a", b"ok", []), (b"b", b"flaky-1", [])], partition=0)
+    produce_records(bootstrap, topic, [(b"c", b"flaky-2", [])], partition=1)
+    run = running(RetryingConsumer(bootstrap, topic, group, policy, handler, config=FAST_GROUP))
+    wait_until(lambda: run.total("redrive_dead_lettered_total") == 2, 30, "2 dead letters")
+    retry_topic, dlt = f"{topic}.{group}.retry.100ms", f"{topic}.{group}.dlt"
+    before = topic_sizes(bootstrap, retry_topic, dlt, topic)
+    assert before == {retry_topic: 2, dlt: 2, topic: 3}
+
+    handler.fixed.set()
+    base = ["dlt", "replay", "-b", bootstrap, "--topic", topic, "--group", group,
+            "--actor", "oncall@test"]
+    dry = run_cli(*base, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "would replay 2 of 2" in dry.stdout and retry_topic in dry.stdout
+    assert topic_sizes(bootstrap, retry_topic, dlt, topic) == before
+    assert read_log(bootstrap, dlt) == {}
+
+    first = run_cli(*base, "--key", "b")
+    assert first.exit_code == 0, first.output
+    assert "replayed 1 of 1 selected" in first.stdout
+    wait_until(lambda: handler.seen.count(b"flaky-1") == 3, 20, "the replayed copy handled")
+    copy = handler.seen.calls[-1][0]
+    assert copy.topic == retry_topic and copy.partition == 0
+    assert copy.delivery.attempt == 0 and copy.delivery.group == group
+    assert copy.delivery.original is not None and copy.delivery.original.offset == 1
+
+    second = run_cli(*base)
+    assert second.exit_code == 0, second.output
+    assert "replayed 1 of 2 selected" in second.stdout and "1 already replayed" in second.stdout
+    wait_until(lambda: handler.seen.count(b"flaky-2") == 3, 20, "the second copy handled")
+    again = run_cli(*base)
+    assert "replayed 0 of 2 selected" in again.stdout and "2 already replayed" in again.stdout
+    wait_until(lambda: run.total("redrive_processed_total") == 3, 20, "3 processed")
+    run.stop()
+
+    # Exactly one copy per dead letter, however often the replay ran; nothing dead again. (End
+    # offsets also count the replay transactions' commit markers, so records are counted.)
+    copies = [r for r in read_all(bootstrap, retry_topic, expect=4) if r.header(h.REASON) is None
+              and r.header(h.ATTEMPT) is None]
+    assert sorted(r.value or b"" for r in copies) == [b"flaky-1", b"flaky-2"]
+    assert topic_sizes(bootstrap, dlt, topic) == {dlt: 2, topic: 3}
+    assert [handler.seen.count(v) for v in (b"ok", b"flaky-1", b"flaky-2")] == [1, 3, 3]
+    assert run.total("redrive_dead_lettered_total") == 2
+
+    log = read_log(bootstrap, dlt)
+    assert len(log) == 2
+    letters = {d.value: d for d in read_all(bootstrap, dlt, expect=2)}
+    entry = log[f"{dlt}/{letters[b'flaky-1'].partition}/{letters[b'flaky-1'].offset}"]
+    assert entry["who"] == "oncall@test" and entry["to"] == "retry"
+    assert entry["attempts"] == "reset" and entry["reason"] == "exhausted"
+    assert entry["destination"]["topic"] == retry_topic
+    assert entry["source"] == {"topic": dlt, "partition": letters[b"flaky-1"].partition,
+                               "offset": letters[b"flaky-1"].offset}
+    assert entry["when_ms"] > 0 and entry["when"].endswith("+00:00")
+
+
+def test_replay_to_the_original_topic_keeps_attempts_and_skips_what_it_cannot(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
+    topic, group = new_topic(), unique_name("orig")
+    policy = RetryPolicy(backoff=Backoff.fixed("100ms"), attempts=3)
+    handler = Fixable({b"x1", b"x2", b"x3"})
+    produce_records(bootstrap, topic, [(f"k{i}".encode(), f"x{i}".encode(), [])
+                                       for i in (1, 2, 3)])
+    run = running(RetryingConsumer(bootstrap, topic, group, policy, handler, config=FAST_GROUP))
+    wait_until(lambda: run.total("redrive_dead_lettered_total") == 3, 30, "3 dead letters")
+    dlt = f"{topic}.{group}.dlt"
+    # A hand-made record in the same dead-letter topic with unreadable redrive headers.
+    produce_records(bootstrap, dlt, [(b"k9", b"x9", [(h.REASON, b"exhausted"),
+                                                     (h.ATTEMPT, b"many")])])
+    handler.fixed.set()
+    metrics = Metrics("replay", group)
+    progress: list[tuple[int, int]] = []
+    report = replay(bootstrap, dlt, to=TO_ORIGINAL, keep_attempts=True, rate="20/s",
+                    selection=make_filter(keys=["k1", "k2", "k9"]), actor="api@test",
+                    metrics=metrics, progress=lambda n, total: progress.append((n, total)))
+    assert report.selected == 3 and len(report.replayed) == 2 and not report.already
+    assert [s.why.split(":")[0] for s in report.skipped] == ["unreadable headers"]
+    assert sum(n for n, _ in progress) == 3 and {total for _, total in progress} == {3}
+    assert metrics.value("redrive_replayed_total", topic=topic) == 2
+    assert {r.destination[0] for r in report.replayed} == {topic}
+
+    wait_until(lambda: run.total("redrive_processed_total") == 2, 20, "2 replays processed")
+    run.stop()
+    copies = [record for record, _ in handler.seen.calls
+              if record.topic == topic and record.offset >= 3]
+    assert sorted(r.value or b"" for r in copies) == [b"x1", b"x2"]
+    for record in copies:
+        assert record.delivery.attempt == 3 and record.delivery.group == group
+        assert record.delivery.first_failure_ms is not None
+    assert handler.seen.count(b"x3") == 3  # not selected: still dead
+
+    again = replay(bootstrap, dlt, to=TO_ORIGINAL, keep_attempts=True,
+                   selection=make_filter(keys=["k1", "k2"]))
+    assert (len(again.replayed), len(again.already)) == (0, 2)
+    assert len(read_all(bootstrap, topic, expect=5)) == 5
+    entries = read_log(bootstrap, dlt)
+    assert {e["attempts"] for e in entries.values()} == {"kept"}
+    assert {e["who"] for e in entries.values()} == {"api@test"}
+    resource = ConfigResource(ResourceType.TOPIC, REPLAY_LOG)
+    admin = kafka.admin(bootstrap)
+    configs = admin.describe_configs([resource])[resource].result(10)
+    assert configs["cleanup.policy"].value == "compact"

@@ -1,0 +1,92 @@
+"""`redrive stats` against counted truth: a scripted workload leaves known numbers of records
+waiting in the main topic, the retry topic (held until due) and the dead-letter topic."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from redrive import kafka, stats
+from redrive.consumer import RetryingConsumer
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Record
+
+from ..consumer.conftest import FAST_GROUP, Running, wait_until
+from .conftest import produce_records, run_cli
+
+NewTopic = Callable[..., str]
+UniqueName = Callable[..., str]
+Start = Callable[[RetryingConsumer], Running]
+HOUR_MS = 3_600_000
+
+
+class Later(Exception):
+    pass
+
+
+class Never(ValueError):
+    pass
+
+
+def test_stats_match_a_scripted_workload(bootstrap: str, new_topic: NewTopic,
+                                         unique_name: UniqueName, running: Start) -> None:
+    topic, group = new_topic(partitions=2), unique_name("stats")
+    policy = RetryPolicy(backoff=Backoff.fixed("1h"), attempts=2, not_retryable=Never)
+
+    def handler(record: Record) -> None:
+        if (record.value or b"").startswith(b"later"):
+            raise Later("try again in an hour")
+        if (record.value or b"").startswith(b"never"):
+            raise Never("bad record")
+
+    values = [b"ok-0", b"later-0", b"ok-1", b"never-0", b"later-1", b"ok-2", b"ok-3",
+              b"never-1", b"later-2", b"ok-4"]
+    for index, value in enumerate(values):
+        produce_records(bootstrap, topic, [(None, value, [])], partition=index % 2)
+    started_ms = time.time_ns() // 1_000_000
+    run = running(RetryingConsumer(bootstrap, topic, group, policy, handler, config=FAST_GROUP))
+    wait_until(lambda: run.total("redrive_processed_total") == 5
+               and run.total("redrive_retried_total") == 3
+               and run.total("redrive_dead_lettered_total") == 2, 30, "the workload routed")
+    run.stop()
+    failed_by_ms = time.time_ns() // 1_000_000
+    produce_records(bootstrap, topic, [(None, b"unread", [])] * 3, partition=0)
+    produce_records(bootstrap, topic, [(None, b"unread", [])], partition=1)
+
+    # Two samples with a known number of records appended between them.
+    retry_topic, dlt = f"{topic}.{group}.retry.1h", f"{topic}.{group}.dlt"
+    counts = kafka.topic_partitions(kafka.admin(bootstrap))
+    layout = stats.roles(counts, topic, group)
+    assert layout == stats.Roles(topic, (retry_topic,), dlt)
+    offsets_reader = kafka.consumer(bootstrap, group)
+    try:
+        first = stats.snapshot(offsets_reader, layout, counts)
+        produce_records(bootstrap, topic, [(None, b"late", [])] * 2, partition=1)
+        second = stats.snapshot(offsets_reader, layout, counts)
+    finally:
+        offsets_reader.close()
+    main, retry, dead = stats.summarize(layout, first, second, stats.heads(bootstrap, second))
+
+    assert (main.waiting, main.lag, main.appended, main.consumed) == (6, 6, 2, 0)
+    assert main.oldest_ms is not None and failed_by_ms <= main.oldest_ms
+    assert main.next_due_ms is None
+    # The consumer held the retry topic at its first record: nothing committed there.
+    assert (retry.waiting, retry.lag, retry.appended) == (3, None, 0)
+    assert retry.oldest_ms is not None and started_ms <= retry.oldest_ms <= failed_by_ms
+    assert retry.next_due_ms is not None
+    assert started_ms + HOUR_MS <= retry.next_due_ms <= failed_by_ms + HOUR_MS
+    assert (dead.waiting, dead.lag, dead.consumed) == (2, None, None)
+    assert dead.oldest_ms is not None and started_ms <= dead.oldest_ms <= failed_by_ms
+
+    result = run_cli("stats", "-b", bootstrap, "--topic", topic, "--group", group,
+                     "--window", "0")
+    assert result.exit_code == 0, result.output
+    table = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()[2:]}
+    assert table[topic][:3] == ["main", "6", "6"]
+    assert table[retry_topic][:3] == ["retry", "3", "-"]
+    assert table[retry_topic][4] == "in" and table[retry_topic][5].startswith("59m")
+    assert table[dlt][:3] == ["dead-letter", "2", "-"]
+    planned = run_cli("stats", "-b", bootstrap, "--topic", topic, "--group", group,
+                      "--backoff", "1h", "--attempts", "2", "--window", "200ms")
+    assert planned.exit_code == 0, planned.output
+    assert retry_topic in planned.stdout

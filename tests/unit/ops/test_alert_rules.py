@@ -1,0 +1,104 @@
+"""The example Prometheus alert rules load, and every series they name is one redrive exports."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from redrive.metrics import Metrics
+
+RULES = Path(__file__).resolve().parents[3] / "ops" / "prometheus" / "redrive-alerts.yml"
+DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+FUNCTIONS = {"sum", "max", "min", "avg", "count", "rate", "increase", "irate", "delta",
+             "histogram_quantile", "by", "without", "on", "ignoring", "and", "or", "unless",
+             "absent", "le", "bool", "offset", "clamp_min", "time", "changes"}
+KNOWN_LABELS = {"runtime", "group", "topic", "attempt", "reason", "why", "kind", "le"}
+SEVERITIES = {"info", "warning", "critical"}
+
+
+def exported_series() -> set[str]:
+    """Every sample name a Metrics registry exposes, once each metric has a child."""
+    metrics = Metrics("consumer", "g")
+    metrics.processed("t")
+    metrics.retried("t", 1)
+    metrics.dead_lettered("t", "exhausted")
+    metrics.skipped("t", "other-group")
+    metrics.replayed("t")
+    metrics.forwarded("t")
+    metrics.retried_in_place("t")
+    metrics.rebalanced("assign")
+    metrics.late_by(1)
+    metrics.handler_took(1)
+    metrics.paused_partitions(1)
+    metrics.oldest_pending_retry(1)
+    return {sample.name for family in metrics.registry.collect() for sample in family.samples}
+
+
+def balanced(expr: str) -> bool:
+    stack: list[str] = []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    for char in re.sub(r'"[^"]*"', '""', expr):
+        if char in "([{":
+            stack.append(char)
+        elif char in pairs and (not stack or stack.pop() != pairs[char]):
+            return False
+    return not stack
+
+
+def series_named(expr: str) -> set[str]:
+    """The metric names an expression selects: identifiers that are not functions or labels."""
+    bare = re.sub(r"\b(?:by|without)\s*\([^)]*\)", "", expr)
+    bare = re.sub(r"\[[^\]]*\]|\{[^}]*\}", "", bare)
+    return {name for name in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare)
+            if name not in FUNCTIONS}
+
+
+def rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(RULES.read_text())
+    assert set(document) == {"groups"}
+    found: list[dict[str, Any]] = []
+    for group in document["groups"]:
+        assert group["name"] and group["rules"]
+        found += group["rules"]
+    return found
+
+
+def test_rules_load_with_the_fields_prometheus_needs() -> None:
+    loaded = rules()
+    names = [rule["alert"] for rule in loaded]
+    assert len(names) == len(set(names)) >= 4
+    for rule in loaded:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert isinstance(rule["expr"], str) and rule["expr"].strip()
+        assert DURATION.match(rule["for"]), rule["for"]
+        assert rule["labels"]["severity"] in SEVERITIES
+        assert rule["annotations"]["summary"]
+
+
+def test_expressions_are_sane_and_name_only_exported_series() -> None:
+    series = exported_series()
+    used: set[str] = set()
+    for rule in rules():
+        expr = rule["expr"]
+        assert balanced(expr), rule["alert"]
+        assert re.search(r"[<>]=?\s*[\d.]+\s*$", expr.strip()), f"{rule['alert']}: no threshold"
+        for window in re.findall(r"\[([^\]]*)\]", expr):
+            assert DURATION.match(window), f"{rule['alert']}: range [{window}]"
+        for grouping in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+            labels = {label.strip() for label in grouping.split(",")}
+            assert labels <= KNOWN_LABELS, f"{rule['alert']}: labels {labels - KNOWN_LABELS}"
+        named = series_named(expr)
+        assert named <= series, f"{rule['alert']}: {named - series} not in redrive.metrics"
+        used |= named
+    # The issue's alerts: stuck retries, rising dead letters, rebalance storms, lateness.
+    assert {"redrive_oldest_pending_retry_seconds", "redrive_dead_lettered_total",
+            "redrive_rebalances_total", "redrive_lateness_seconds_bucket"} <= used
+
+
+def test_the_sanity_check_catches_mistakes() -> None:
+    expr = 'sum by (group) (rate(redrive_dead_letters_total{reason="x"}[5m])) > 1'
+    assert series_named(expr) - exported_series() == {"redrive_dead_letters_total"}
+    assert not balanced("sum(rate(redrive_processed_total[5m])")

@@ -1,0 +1,142 @@
+"""Decoding, filtering and showing dead-letter records, without a broker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from redrive import headers as h
+from redrive.deadletters import (
+    DeadLetterRecord,
+    Filter,
+    detail,
+    format_age,
+    make_filter,
+    parse_coordinates,
+    parse_time,
+    summary_row,
+)
+from redrive.errors import InvalidArgument
+
+NOW = 1_800_000_000_000
+
+
+def redrive_letter(offset: int = 7, *, key: bytes | None = b"k1", reason: str = "exhausted",
+                   error_type: str = "shop.errors.Timeout", timestamp_ms: int = NOW - 90_000,
+                   extra: list[tuple[str, bytes]] | None = None) -> DeadLetterRecord:
+    headers = [("trace-id", b"abc"), (h.ATTEMPT, b"3"), (h.GROUP, b"billing"),
+               (h.ORIGINAL_TOPIC, b"orders"), (h.ORIGINAL_PARTITION, b"2"),
+               (h.ORIGINAL_OFFSET, b"41"), (h.ERROR_TYPE, error_type.encode()),
+               (h.ERROR_MESSAGE, b"upstream\ntimed out"), (h.ERROR_TRACE, b"Traceback\n  line 1"),
+               (h.REASON, reason.encode()), *(extra or [])]
+    return DeadLetterRecord.decode("orders.billing.dlt", 2, offset, timestamp_ms, key, b"{}",
+                                   headers)
+
+
+def test_redrive_letter_is_decoded() -> None:
+    record = redrive_letter()
+    assert record.problem is None
+    assert (record.system, record.reason, record.error_type) == \
+        ("redrive", "exhausted", "shop.errors.Timeout")
+    row = summary_row(record, NOW)
+    assert row == ["2:7", "k1", "1m30s", "exhausted", "redrive", "shop.errors.Timeout",
+                   "upstream timed out", 3, "orders[2]@41"]
+
+
+def test_unreadable_redrive_headers_are_flagged_not_raised() -> None:
+    record = DeadLetterRecord.decode("x.dlt", 0, 3, NOW, None, b"v",
+                                     [(h.REASON, b"exhausted"), (h.ATTEMPT, b"three")])
+    assert record.info is None
+    assert record.problem is not None and "redrive-attempt" in record.problem
+    row = summary_row(record, NOW)
+    assert row[3] == "UNREADABLE"
+    assert "redrive-attempt" in str(row[6])
+    text = detail(record, NOW)
+    assert "UNREADABLE" in text and "redrive-attempt: three" in text
+    assert record.to_json(NOW)["problem"] == record.problem
+
+
+def test_detail_shows_every_header_and_the_trace() -> None:
+    text = detail(redrive_letter(), NOW)
+    assert "trace-id: abc" in text
+    assert "original:   orders 2:41" in text
+    assert text.rstrip().endswith("line 1")
+    assert "trace:" in text
+    full = redrive_letter().to_json(NOW, full=True)
+    assert ["trace-id", "abc"] in full["headers"]
+    assert full["error_trace"] == "Traceback\n  line 1"
+    json.dumps(full)
+
+
+def test_non_utf8_bytes_are_shown_escaped() -> None:
+    record = DeadLetterRecord.decode("t", 0, 0, NOW, b"\xff\x00", b"\xfe", [("bin", b"\x80")])
+    shown = record.to_json(NOW, full=True)
+    assert shown["key"] == "\\xff\x00"
+    assert shown["headers"] == [["bin", "\\x80"]]
+
+
+@pytest.mark.parametrize(("selection", "expected"), [
+    (Filter(), [1, 2, 3, 4]),
+    (Filter(reasons=frozenset({"not-retryable"})), [2]),
+    (Filter(error_types=frozenset({"Timeout"})), [1, 3, 4]),
+    (Filter(error_types=frozenset({"shop.errors.Timeout"})), [1, 3, 4]),
+    (Filter(error_types=frozenset({"errors.Timeout"})), []),
+    (Filter(keys=frozenset({"k2"})), [2]),
+    (Filter(headers=(("tenant", "acme"),)), [3]),
+    (Filter(headers=(("tenant", "acme"), ("trace-id", "abc"))), [3]),
+    (Filter(since_ms=NOW - 60_000), [3, 4]),
+    (Filter(until_ms=NOW - 60_000), [1, 2]),
+    (Filter(partitions=frozenset({2}), coordinates=frozenset({(2, 4)})), [4]),
+    (Filter(reasons=frozenset({"exhausted"}), since_ms=NOW - 60_000,
+            headers=(("tenant", "acme"),)), [3]),
+])
+def test_filters(selection: Filter, expected: list[int]) -> None:
+    records = [
+        redrive_letter(1, timestamp_ms=NOW - 120_000),
+        redrive_letter(2, key=b"k2", reason="not-retryable", error_type="ValueError",
+                       timestamp_ms=NOW - 90_000),
+        redrive_letter(3, timestamp_ms=NOW - 30_000, extra=[("tenant", b"acme")]),
+        redrive_letter(4, timestamp_ms=NOW - 10_000, extra=[("tenant", b"other")]),
+    ]
+    assert [r.offset for r in records if selection.matches(r)] == expected
+
+
+def test_make_filter_parses_what_users_type() -> None:
+    at = 1795341600000 + 3_600_000
+    selection = make_filter(reasons=["exhausted"], since="2h", until="2026-11-22T10:00:00Z",
+                            headers=["tenant=acme", "empty="], at_ms=at)
+    assert selection.since_ms == at - 7_200_000
+    assert selection.until_ms == 1795341600000
+    assert selection.headers == (("tenant", "acme"), ("empty", ""))
+
+
+def test_times() -> None:
+    assert parse_time("30m", "since", NOW) == NOW - 1_800_000
+    assert parse_time("2026-11-22T10:00:00", "since", NOW) == 1795341600000  # naive is UTC
+    assert parse_time("2026-11-22T11:00:00+01:00", "since", NOW) == 1795341600000
+    with pytest.raises(InvalidArgument, match="since='yesterday'"):
+        parse_time("yesterday", "since", NOW)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"headers": ["tenant"]}, "header"),
+    ({"headers": ["=acme"]}, "header"),
+    ({"since": "1h", "until": "2h"}, "since"),
+    ({"partitions": [-1]}, "partition"),
+])
+def test_bad_filters_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"invalid {field}="):
+        make_filter(**kwargs)  # type: ignore[arg-type]
+
+
+def test_coordinates() -> None:
+    assert parse_coordinates("3:1200") == (3, 1200)
+    for bad in ("3", "a:1", "1:-2", ""):
+        with pytest.raises(InvalidArgument, match="PARTITION:OFFSET"):
+            parse_coordinates(bad)
+
+
+def test_ages() -> None:
+    assert [format_age(ms) for ms in (250, 5_000, 61_000, 7_260_000, 90_000_000)] == \
+        ["250ms", "5s", "1m01s", "2h01m", "1d01h"]

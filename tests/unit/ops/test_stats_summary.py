@@ -1,0 +1,64 @@
+"""Stats arithmetic on hand-made offset snapshots, and retry-topic discovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from redrive.errors import UnknownTopic
+from redrive.policy import Backoff, RetryPolicy
+from redrive.stats import (
+    DEAD_LETTER,
+    MAIN,
+    RETRY,
+    Head,
+    Offsets,
+    Roles,
+    Snapshot,
+    discover_retry_topics,
+    roles,
+    rows,
+    summarize,
+)
+
+
+def test_discovery_orders_by_delay_or_attempt_and_ignores_other_groups() -> None:
+    existing = ["orders", "orders.billing.retry.1m", "orders.billing.retry.500ms",
+                "orders.billing.retry.5s", "orders.audit.retry.1s", "orders.billing.dlt"]
+    assert discover_retry_topics(existing, "orders", "billing") == [
+        "orders.billing.retry.500ms", "orders.billing.retry.5s", "orders.billing.retry.1m"]
+    assert discover_retry_topics(["o.g.retry.10", "o.g.retry.2"], "o", "g") == \
+        ["o.g.retry.2", "o.g.retry.10"]
+
+
+def test_roles_from_the_cluster_or_the_policy() -> None:
+    counts = {"orders": 1, "orders.g.retry.1s": 1, "orders.g.dlt": 1}
+    assert roles(counts, "orders", "g") == Roles("orders", ("orders.g.retry.1s",), "orders.g.dlt")
+    with pytest.raises(UnknownTopic, match=r"orders\.g\.retry\.2s"):
+        roles(counts, "orders", "g", RetryPolicy(backoff=Backoff.sequence("1s,2s")))
+    with pytest.raises(UnknownTopic, match="'nope'"):
+        roles(counts, "nope", "g")
+
+
+def test_summary_counts_waiting_lag_and_window() -> None:
+    layout = Roles("m", ("m.g.retry.1s",), "m.g.dlt")
+    before = Snapshot(1_000, {
+        "m": {0: Offsets(0, 10, 4), 1: Offsets(5, 8, None)},
+        "m.g.retry.1s": {0: Offsets(0, 3, 1)},
+        "m.g.dlt": {0: Offsets(2, 6, None)},
+    })
+    after = Snapshot(3_000, {
+        "m": {0: Offsets(0, 16, 10), 1: Offsets(5, 9, None)},
+        "m.g.retry.1s": {0: Offsets(0, 5, 2)},
+        "m.g.dlt": {0: Offsets(2, 7, None)},
+    })
+    heads = {("m", 0): Head(500, None), ("m", 1): Head(200, None),
+             ("m.g.retry.1s", 0): Head(900, 2_500)}
+    main, retry, dlt = summarize(layout, before, after, heads)
+    assert (main.role, main.waiting, main.lag, main.oldest_ms) == (MAIN, 6 + 4, 6, 200)
+    assert (main.appended, main.consumed, main.rate(main.appended)) == (7, 6 + 0, 3.5)
+    assert (retry.role, retry.waiting, retry.lag, retry.next_due_ms) == (RETRY, 3, 3, 2_500)
+    assert (retry.appended, retry.consumed) == (2, 1)
+    assert (dlt.role, dlt.waiting, dlt.lag, dlt.consumed) == (DEAD_LETTER, 5, None, None)
+    table = rows([main, retry, dlt], 3_000)
+    assert table[1][5] == "500ms ago"
+    assert table[2][6:] == ["0.5", "-"]
