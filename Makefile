@@ -4,9 +4,9 @@ PYTHON ?= python3.11
 PY = .venv/bin/python
 # Reinstalls whenever pyproject.toml changes (new dependency, new extra).
 VENV_STAMP = .venv/.installed-from-pyproject
-LINT_PATHS = $(wildcard src tests bench)
+LINT_PATHS = $(wildcard src tests bench demo)
 
-.PHONY: .venv tools test demo lint typecheck pytest unit integration clean
+.PHONY: .venv tools postgres test demo lint typecheck pytest unit integration clean
 
 .venv: $(VENV_STAMP)
 
@@ -22,7 +22,14 @@ tools:
 	  $$sudo apt-get update && \
 	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y kcat; }
 
-test: .venv tools lint typecheck pytest
+# A throwaway PostgreSQL server (initdb + postgres) for the retry store's tests and bench.
+postgres:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  sudo=$$(test "$$(id -u)" -eq 0 || echo sudo); \
+	  $$sudo apt-get update && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql; }
+
+test: .venv tools postgres lint typecheck pytest
 
 lint: .venv
 	$(PY) -m ruff check $(LINT_PATHS)
@@ -30,13 +37,13 @@ lint: .venv
 typecheck: .venv
 	$(PY) -m mypy
 
-pytest: .venv tools
+pytest: .venv tools postgres
 	$(PY) -m pytest -q
 
 unit: .venv
 	$(PY) -m pytest -q tests/unit
 
-integration: .venv tools
+integration: .venv tools postgres
 	$(PY) -m pytest -q tests/integration
 
 # The project's main job: a PySpark retry pipeline on the embedded broker (see README).

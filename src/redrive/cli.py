@@ -12,6 +12,7 @@ from redrive.delay.command import delay_command
 from redrive.errors import RedriveError
 from redrive.ops_cli import dlt, stats_command
 from redrive.policy import Backoff, Naming, RetryPolicy
+from redrive.store.command import store_command
 from redrive.table import render
 
 
@@ -132,6 +133,7 @@ def dev_broker(kind: str, port: int, data_dir: str | None) -> None:
 cli.add_command(delay_command)
 cli.add_command(dlt)
 cli.add_command(stats_command)
+cli.add_command(store_command)
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ from confluent_kafka import TopicPartition as KafkaPartition
 
 from redrive import gate, kafka
 from redrive import headers as h
+from redrive.backend import RetryBackend, RetryTopics, Verdict
 from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.pauses import Hold, Holds, TopicPartition, Why
@@ -51,7 +52,7 @@ from redrive.metrics import Metrics
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import Delivery, Record
 from redrive.routing import DeadLetter, Retry, route
-from redrive.topics import check_name, ensure_topics, partition_for, plans
+from redrive.topics import check_name, plans
 
 log = logging.getLogger("redrive.consumer")
 
@@ -102,6 +103,8 @@ class RetryingConsumer:
     create_topics: create the plan's missing retry and dead-letter topics at start.
     batch_size / poll_timeout_s: records per poll and the longest wait of one poll; a poll never
         waits past the time the next held partition is due.
+    retry_backend: where failed records wait for their retry: the group's retry topics
+        (RetryTopics, the default) or a database (redrive.store.StoreBackend).
 
     run() handles records until stop() or SIGTERM/SIGINT (when run from the main thread), then
     commits what it finished and closes the consumer, so the group rebalances at once.
@@ -114,7 +117,8 @@ class RetryingConsumer:
                  producer_config: Mapping[str, Any] | None = None, create_topics: bool = True,
                  batch_size: int = DEFAULT_BATCH_SIZE,
                  poll_timeout_s: float = DEFAULT_POLL_TIMEOUT_S,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 retry_backend: RetryBackend | None = None) -> None:
         self.topics = _check_topics(topics)
         self.group = _check_name("group", group)
         if not isinstance(policy, RetryPolicy):
@@ -126,6 +130,14 @@ class RetryingConsumer:
         _check_positive("timeout_s", timeout_s)
         if metrics_port is not None:
             _check_int("metrics_port", metrics_port, 0, 65535)
+        if retry_backend is not None and not isinstance(retry_backend, RetryBackend):
+            raise InvalidSetting("retry_backend", retry_backend,
+                                 "must be a RetryBackend (RetryTopics() or StoreBackend(...))")
+        self.retry_backend = retry_backend if retry_backend is not None else RetryTopics()
+        self._backend = self.retry_backend.bind(self.group)
+        if transactional and not self._backend.transactions_supported:
+            raise InvalidSetting("transactional", transactional,
+                                 f"{self.retry_backend!r} cannot join Kafka transactions")
         self.policy = policy
         self.handler = handler
         self.transactional = bool(transactional)
@@ -143,7 +155,7 @@ class RetryingConsumer:
         self.plans = plans(policy, self.topics, self.group)
         self._main_of: dict[str, str] = {}
         for main, plan in self.plans.items():
-            for name in plan.consumed_topics:
+            for name in self._backend.consumed_topics(plan):
                 self._main_of[name] = main
         self._holds = Holds()
         self._in_place = InPlaceRetries(policy.in_place.retries if policy.in_place else 0)
@@ -168,10 +180,8 @@ class RetryingConsumer:
             raise RedriveError(f"consumer of group {self.group!r} is closed; make a new one")
         admin = kafka.admin(self._connection)
         if self._create_topics:
-            for plan in self.plans.values():
-                report = ensure_topics(admin, plan)
-                for mismatch in report.mismatched:
-                    log.warning("%s", mismatch)
+            for warning in self._backend.prepare(admin, self.plans):
+                log.warning("%s", warning)
         self._partitions = kafka.topic_partitions(admin)
         for name in self.subscribed:
             if name not in self._partitions:
@@ -273,6 +283,11 @@ class RetryingConsumer:
                 batch.stop(tp)
                 return
             self.metrics.late_by((started_ms - delivery.due_ms) / 1000.0)
+        verdict = self._backend.admit(record)
+        if verdict is not Verdict.PROCESS:
+            self.metrics.skipped(main, verdict.value)
+            batch.finish(tp, offset)
+            return
 
         failure: Exception | None = None
         started = time.perf_counter()
@@ -285,6 +300,7 @@ class RetryingConsumer:
             self.metrics.handler_took(time.perf_counter() - started)
 
         if failure is None:
+            self._backend.succeeded(record)
             batch.processed[main] += 1
             self._in_place.clear(tp)
             batch.finish(tp, offset)
@@ -302,18 +318,21 @@ class RetryingConsumer:
 
     def _route(self, record: Record, error: Exception, tp: TopicPartition, batch: Batch,
                main: str) -> None:
-        decision = route(record, error, self.policy, now_ms(), group=self.group)
-        out: kafka.OutRecord | None = None
-        if decision.topic is not None:
-            partition = partition_for(decision.partition,
-                                             self._partitions.get(decision.topic, 0))
-            out = kafka.OutRecord(decision.topic, record.value, record.key, decision.headers,
-                                  partition)
+        decision = route(record, error, self._backend.policy_for(main, self.policy), now_ms(),
+                         group=self.group)
+        out = self._backend.failed(record, decision, self._partitions)
         batch.route(tp, record.offset, Copy(out, decision, main))
 
     def _complete(self, batch: Batch) -> None:
         offsets = batch.commit_offsets()
         if not offsets:
+            return
+        try:
+            self._backend.flush()
+        except RedriveError as exc:
+            log.error("group %s: %s; the batch's partitions are rewound and its records will be "
+                      "handled again", self.group, exc)
+            self._rewind(batch)
             return
         if self.transactional:
             if not self._commit_transaction(batch, offsets):

@@ -1,0 +1,20 @@
+"""The durable retry store (SQLite by default, PostgreSQL in production) and its scheduler.
+
+    store = RetryStore("postgresql://redrive@db/redrive")     # or a file path: SQLite
+    consumer = RetryingConsumer(bootstrap, "orders", "billing", policy, handle,
+                                retry_backend=StoreBackend(store, ordering=True))
+    Scheduler(store, bootstrap, webhook="https://ops.example/dead").run()
+"""
+
+from redrive.backend import RetryBackend, RetryTopics, Verdict
+from redrive.store.backend import StoreBackend
+from redrive.store.notify import Webhook
+from redrive.store.scheduler import Pass, Scheduler
+from redrive.store.schema import PAYLOAD, REFERENCE, STATUSES
+from redrive.store.store import Filter, RetryStore, StoredRetry, StoreUnavailable
+
+__all__ = [
+    "PAYLOAD", "REFERENCE", "STATUSES", "Filter", "Pass", "RetryBackend", "RetryStore",
+    "RetryTopics", "Scheduler", "StoreBackend", "StoreUnavailable", "StoredRetry", "Verdict",
+    "Webhook",
+]

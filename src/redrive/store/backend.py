@@ -1,0 +1,178 @@
+"""The store as a retry backend: failed records are kept in a RetryStore, not in retry topics.
+
+The store's scheduler republishes each when due to the topic the group reads (the original topic,
+or a configured inbox), and the runtime reports how it went (see redrive.backend for the protocol).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka.admin import AdminClient
+
+from redrive import headers as h
+from redrive import kafka, topics
+from redrive.backend import BoundBackend, RetryBackend, Verdict
+from redrive.errors import InvalidArgument
+from redrive.policy import RetryPolicy
+from redrive.record import Origin, Record
+from redrive.routing import DeadLetter, Retry, Route
+from redrive.store.schema import DEAD, IN_FLIGHT, MODES, PARKED, PAYLOAD, PENDING
+from redrive.store.store import Entry, RetryStore, Success, now_ms
+
+
+@dataclass(frozen=True)
+class StoreBackend(RetryBackend):
+    """Failed records are kept in `store` until due; its scheduler republishes them.
+
+    mode: "payload" keeps value and headers in the store; "reference" keeps only where the
+        record is, and the scheduler reads it back from Kafka when due.
+    inbox: the topic the scheduler republishes to for this group (the runtime reads it too);
+        by default each record goes back to its original topic, marked with `redrive-group`.
+    ordering: while a key has a record waiting in the store, later records with that key wait
+        behind it (parked in the store) and are released one by one, in order.
+    policies: a policy per main topic, instead of the runtime's own, for routing failures.
+    """
+
+    store: RetryStore
+    mode: str = PAYLOAD
+    inbox: str | None = None
+    ordering: bool = False
+    policies: Mapping[str, RetryPolicy] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.store, RetryStore):
+            raise InvalidArgument("store", self.store, "must be a RetryStore")
+        if self.mode not in MODES:
+            raise InvalidArgument("mode", self.mode, f"expected one of {MODES}")
+        if self.inbox is not None:
+            topics.check_name("inbox", self.inbox)
+        for topic, policy in (self.policies or {}).items():
+            if not isinstance(policy, RetryPolicy):
+                raise InvalidArgument(f"policies[{topic!r}]", policy, "must be a RetryPolicy")
+
+    def bind(self, group: str) -> BoundBackend:
+        return _StoreBound(self, group)
+
+
+class _StoreBound(BoundBackend):
+    # Store writes are not part of Kafka transactions, so they cannot be exactly-once with them.
+    transactions_supported = False
+
+    def __init__(self, backend: StoreBackend, group: str) -> None:
+        self.backend = backend
+        self.store = backend.store
+        self.group = group
+        self._entries: list[Entry] = []
+        self._successes: list[Success] = []
+        self._seen: set[tuple[str, int, int]] = set()  # origins with an outcome in this batch
+        self._waiting_keys: set[tuple[str, bytes]] = set()
+
+    def consumed_topics(self, plan: topics.TopicPlan) -> list[str]:
+        inbox = self.backend.inbox
+        return [plan.topic] if inbox is None or inbox == plan.topic else [plan.topic, inbox]
+
+    def prepare(self, admin: AdminClient, plans: Mapping[str, topics.TopicPlan]) -> list[str]:
+        inbox = self.backend.inbox
+        if inbox is not None:
+            counts = kafka.topic_partitions(admin)
+            if inbox not in counts:
+                needed = max((counts.get(topic, 1) for topic in plans), default=1)
+                kafka.create_topics(admin, {inbox: needed})
+        return []
+
+    def policy_for(self, topic: str, default: RetryPolicy) -> RetryPolicy:
+        return (self.backend.policies or {}).get(topic, default)
+
+    def _dispatched(self, record: Record) -> bool:
+        return record.delivery.group == self.group and record.delivery.original is not None
+
+    def admit(self, record: Record) -> Verdict:
+        origin = record.origin()
+        if (origin.topic, origin.partition, origin.offset) in self._seen:
+            return Verdict.DUPLICATE
+        if self._dispatched(record):
+            row = self.store.find_record(self.group, origin.topic, origin.partition,
+                                         origin.offset)
+            # A second copy (a scheduler crashed between publishing and marking) or one the
+            # row has moved past (handled, re-failed, cancelled, purged) is not handled again.
+            if row is None or row.status not in (PENDING, IN_FLIGHT) \
+                    or row.attempt != record.delivery.attempt:
+                return Verdict.DUPLICATE
+            return Verdict.PROCESS
+        if self.backend.ordering and record.key is not None and (
+                (origin.topic, record.key) in self._waiting_keys
+                or self.store.key_active(self.group, origin.topic, record.key)):
+            self._stage(self._entry(record, origin, PARKED, record.headers, attempt=0,
+                                    due_ms=now_ms()))
+            return Verdict.PARKED
+        return Verdict.PROCESS
+
+    def succeeded(self, record: Record) -> None:
+        if not self._dispatched(record):
+            return
+        origin = record.origin()
+        self._seen.add((origin.topic, origin.partition, origin.offset))
+        self._successes.append(Success(self.group, origin.topic, origin.partition,
+                                       origin.offset, record.delivery.attempt,
+                                       record.key if self.backend.ordering else None))
+
+    def failed(self, record: Record, decision: Route,
+               partitions: Mapping[str, int]) -> kafka.OutRecord | None:
+        origin = record.origin()
+        fields = decision.headers
+        first = h.last(fields, h.FIRST_FAILURE)
+        entry = self._entry(
+            record, origin, PENDING if isinstance(decision, Retry) else DEAD, fields,
+            attempt=decision.attempt,
+            due_ms=decision.due_ms if isinstance(decision, Retry) else now_ms(),
+            first_failure_ms=int(first) if first is not None else None,
+            reason=decision.reason if isinstance(decision, DeadLetter) else None,
+            error_type=_text(fields, h.ERROR_TYPE), error_message=_text(fields, h.ERROR_MESSAGE),
+            error_trace=_text(fields, h.ERROR_TRACE))
+        self._stage(entry)
+        return None
+
+    def _entry(self, record: Record, origin: Origin, status: str,
+               headers: Sequence[tuple[str, bytes]], *, attempt: int, due_ms: int,
+               first_failure_ms: int | None = None, reason: str | None = None,
+               error_type: str | None = None, error_message: str | None = None,
+               error_trace: str | None = None) -> Entry:
+        # Payload mode keeps the headers as routing wrote them (or as consumed, for a parked
+        # record); the scheduler replaces redrive's own with the row's when it republishes.
+        payload = self.backend.mode == PAYLOAD
+        timestamp = origin.timestamp_ms if origin.timestamp_ms is not None \
+            and origin.timestamp_ms >= 0 else None
+        return Entry(group=self.group, topic=origin.topic, partition=origin.partition,
+                     offset=origin.offset, timestamp_ms=timestamp, key=record.key,
+                     mode=self.backend.mode, value=record.value if payload else None,
+                     headers=list(headers) if payload else None, target=self.backend.inbox,
+                     attempt=attempt, first_failure_ms=first_failure_ms, due_ms=due_ms,
+                     status=status, reason=reason, error_type=error_type,
+                     error_message=error_message, error_trace=error_trace,
+                     ordered=self.backend.ordering)
+
+    def _stage(self, entry: Entry) -> None:
+        self._entries.append(entry)
+        self._seen.add((entry.topic, entry.partition, entry.offset))
+        if entry.status != DEAD and entry.key is not None:
+            self._waiting_keys.add((entry.topic, entry.key))
+
+    def flush(self) -> None:
+        try:
+            if self._entries or self._successes:
+                self.store.write(self._entries, self._successes)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        self._entries = []
+        self._successes = []
+        self._seen = set()
+        self._waiting_keys = set()
+
+
+def _text(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
+    raw = h.last(headers, name)
+    return None if raw is None else raw.decode("utf-8", errors="replace")

@@ -1,0 +1,266 @@
+"""The scheduler: republishes due stored retries to the topic their group reads.
+
+Each pass takes due pending rows (locked: FOR UPDATE SKIP LOCKED on PostgreSQL, so several
+schedulers share the work; the database lock on SQLite, so they take turns), builds each record
+(from the row in payload mode, read back from Kafka by assign + seek in reference mode), produces
+them with delivery confirmation and marks them in flight, all before the transaction commits.
+
+A crash after the broker acknowledged a copy and before the commit leaves the row pending, so the
+next pass publishes it again: at most one duplicate per crash, carrying the same original
+topic/partition/offset and attempt, which is how the consuming runtime recognises and skips it.
+A reference whose record Kafka no longer has (retention, compaction) dies with reason `expired`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.errors import DeliveryFailed, InvalidArgument, RedriveError, UnknownTopic
+from redrive.metrics import Metrics
+from redrive.record import Origin
+from redrive.store.notify import DeadHook, Notifier, Webhook
+from redrive.store.schema import PAYLOAD
+from redrive.store.store import DueBatch, RetryStore, StoredRetry, now_ms
+from redrive.topics import partition_for
+
+log = logging.getLogger("redrive.store.scheduler")
+
+EXPIRED = "expired"
+DEFAULT_BATCH = 500
+DEFAULT_IDLE_S = 0.05
+ERROR_PAUSE_S = 1.0
+ORPHAN_SWEEP_S = 30.0
+READER_OVERRIDES: Mapping[str, Any] = {
+    # An offset below the log start is an error to report, not a reason to read elsewhere.
+    "auto.offset.reset": "error",
+    "fetch.wait.max.ms": 10,
+    "enable.partition.eof": True,
+}
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What one scheduler pass did."""
+
+    published: int = 0
+    expired: int = 0
+    notified: int = 0
+    lateness_ms: tuple[int, ...] = ()  # per published row: publish time - due time
+
+
+class Scheduler:
+    """Republish due stored retries until stop() or SIGTERM (run), or one pass at a time.
+
+    on_dead: hooks called once per record that died (see `redrive.store.notify`); webhook: a URL
+        that receives each as a JSON POST.
+    """
+
+    def __init__(self, store: RetryStore, connection: kafka.Connection, *,
+                 batch_size: int = DEFAULT_BATCH, idle_s: float = DEFAULT_IDLE_S,
+                 on_dead: Sequence[DeadHook] = (), webhook: str | None = None,
+                 producer_config: Mapping[str, Any] | None = None,
+                 metrics: Metrics | None = None, timeout_s: float = 30.0) -> None:
+        if not isinstance(store, RetryStore):
+            raise InvalidArgument("store", store, "must be a RetryStore")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgument("batch_size", batch_size, "must be an integer >= 1")
+        if not idle_s > 0:
+            raise InvalidArgument("idle_s", idle_s, "must be > 0")
+        self.store = store
+        self.batch_size = batch_size
+        self.idle_s = float(idle_s)
+        self.timeout_s = timeout_s
+        self.metrics = metrics if metrics is not None else Metrics("scheduler", "store")
+        hooks: list[DeadHook] = list(on_dead)
+        if webhook:
+            hooks.append(Webhook(webhook))
+        self.notifier = Notifier(hooks)
+        self._connection = kafka.client_config(connection)
+        self._producer_config = dict(producer_config or {})
+        self._producer: Producer | None = None
+        self._reader: Consumer | None = None
+        self._partitions: dict[str, int] = {}
+        self._stopping = threading.Event()
+
+    # --- one pass ------------------------------------------------------------------------------
+
+    def run_once(self) -> Pass:
+        """Publish what is due now (up to batch_size rows) and deliver pending notifications."""
+        with self.store.take_due(self.batch_size) as batch:
+            published, expired, lateness = self._dispatch(batch)
+        notified = self.notifier.deliver(self.store)
+        return Pass(published, expired, notified, tuple(lateness))
+
+    def _dispatch(self, batch: DueBatch) -> tuple[int, int, list[int]]:
+        if not batch.rows:
+            return 0, 0, []
+        out: list[tuple[StoredRetry, kafka.OutRecord]] = []
+        gone: list[StoredRetry] = []
+        for row in batch.rows:
+            record = self._record(row)
+            if record is None:
+                gone.append(row)
+            else:
+                out.append((row, record))
+        at = now_ms()
+        batch.mark_dead(gone, EXPIRED, "the record is no longer in Kafka (retention or "
+                        "compaction removed it) so it cannot be retried", at)
+        if out:
+            kafka.produce_confirmed(self._require_producer(), [o for _, o in out],
+                                    self.timeout_s)
+            at = now_ms()
+            batch.mark_in_flight((row.id for row, _ in out), at)
+        lateness = [at - row.due_ms for row, _ in out]
+        for (_, record), late in zip(out, lateness, strict=True):
+            self.metrics.forwarded(record.topic)
+            self.metrics.late_by(late / 1000.0)
+        return len(out), len(gone), lateness
+
+    def _record(self, row: StoredRetry) -> kafka.OutRecord | None:
+        if row.mode == PAYLOAD:
+            key, value, headers, timestamp = row.key, row.value, row.headers, row.timestamp_ms
+        else:
+            found = self._read_back(row)
+            if found is None:
+                return None
+            key, value, headers, timestamp = found
+        destination = row.destination
+        partitions = self._partition_count(destination)
+        return kafka.OutRecord(destination, value, key, h.replace(headers, _fields(row)),
+                               partition_for(row.partition, partitions), timestamp)
+
+    def _read_back(self, row: StoredRetry) -> tuple[bytes | None, bytes | None,
+                                                    list[tuple[str, bytes]], int | None] | None:
+        """The record at the row's original offset, or None if Kafka no longer has it."""
+        reader = self._require_reader()
+        low, high = kafka.watermarks(reader, row.topic, row.partition, self.timeout_s)
+        if not low <= row.offset < high:
+            return None
+        reader.assign([TopicPartition(row.topic, row.partition, row.offset)])
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            message = reader.poll(0.2)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() in (KafkaError._PARTITION_EOF, KafkaError.OFFSET_OUT_OF_RANGE):
+                    return None
+                raise KafkaException(error)
+            # A compacted or aborted offset is skipped: the next one comes instead.
+            if int(message.offset() or 0) != row.offset:
+                return None
+            timestamp = message.timestamp()[1]
+            return (message.key(), message.value(), kafka.message_headers(message),
+                    timestamp if timestamp >= 0 else None)
+        raise DeliveryFailed(row.topic, row.partition,
+                             f"offset {row.offset} not read back within {self.timeout_s}s")
+
+    def _partition_count(self, topic: str) -> int:
+        if topic not in self._partitions:
+            self._partitions = kafka.topic_partitions(kafka.admin(self._connection))
+            if topic not in self._partitions:
+                raise UnknownTopic(topic)
+        return self._partitions[topic]
+
+    # --- running -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect now (run() does it): the producer's first records would otherwise wait for
+        its idempotence handshake and the cluster's metadata, late past their due time."""
+        self._require_producer()
+        self._partitions = kafka.topic_partitions(kafka.admin(self._connection))
+
+    def run(self) -> None:
+        """Pass after pass until stop() or SIGTERM/SIGINT (in the main thread), then close.
+
+        A pass that fails (database or broker unreachable) is logged and tried again; nothing it
+        took is lost, since its rows stay pending.
+        """
+        sweep_at = time.monotonic() + ORPHAN_SWEEP_S
+        self.start()
+        try:
+            with _stop_on_signals(self.stop):
+                while not self._stopping.is_set():
+                    try:
+                        done = self.run_once()
+                        if time.monotonic() >= sweep_at:
+                            self.store.release_orphans()
+                            sweep_at = time.monotonic() + ORPHAN_SWEEP_S
+                    except (RedriveError, KafkaException) as exc:
+                        log.error("scheduler pass failed (%s); trying again in %.0fs", exc,
+                                  ERROR_PAUSE_S)
+                        self._stopping.wait(ERROR_PAUSE_S)
+                        continue
+                    if done.published + done.expired < self.batch_size:
+                        self._stopping.wait(self.idle_s)
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """Ask run() to stop after the pass in hand; safe from any thread or signal handler."""
+        self._stopping.set()
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._producer is not None:
+            self._producer.flush(self.timeout_s)
+            self._producer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _require_producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = kafka.producer(self._connection, overrides=self._producer_config)
+        return self._producer
+
+    def _require_reader(self) -> Consumer:
+        if self._reader is None:
+            self._reader = kafka.consumer(self._connection, overrides=READER_OVERRIDES)
+        return self._reader
+
+
+def _fields(row: StoredRetry) -> dict[str, str | int | None]:
+    """redrive's headers for a republished row: its whole history, and who retries it."""
+    return {
+        h.ATTEMPT: row.attempt,
+        h.DUE: row.due_ms,
+        h.GROUP: row.group,
+        h.FIRST_FAILURE: row.first_failure_ms,
+        **h.origin_fields(Origin(row.topic, row.partition, row.offset, row.timestamp_ms)),
+        h.ERROR_TYPE: row.error_type,
+        h.ERROR_MESSAGE: row.error_message,
+        h.ERROR_TRACE: row.error_trace,
+        h.REASON: None,
+        h.TARGET: None,
+    }
+
+
+@contextmanager
+def _stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        request_stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

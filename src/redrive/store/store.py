@@ -1,0 +1,617 @@
+"""RetryStore: failed records (or their coordinates) kept in a database until they are due.
+
+SQLite by default (a file path), PostgreSQL by URL. One row per record and group, keyed by the
+record's original topic/partition/offset, so that writing the same failure twice (a consumer
+replaying a batch after a crash) changes nothing: a row moves forward only to a higher attempt.
+
+On SQLite every transaction starts with BEGIN IMMEDIATE: writers queue on the database lock
+instead of failing when a read lock would have to be upgraded, and two schedulers take turns.
+On PostgreSQL, due rows are taken with FOR UPDATE SKIP LOCKED so schedulers share them, and
+transactions that park or release records of a key hold an advisory lock on that key.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Row,
+    and_,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    or_,
+    select,
+    text,
+    true,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+
+from redrive.errors import InvalidArgument, RedriveError
+from redrive.store import schema
+from redrive.store.schema import (
+    ACTIVE,
+    DEAD,
+    FINAL,
+    IN_FLIGHT,
+    MODES,
+    PARKED,
+    PENDING,
+    STATUSES,
+    SUCCEEDED,
+    retries,
+)
+
+DEFAULT_PATH = Path(".redrive") / "store.db"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+READ_ONLY = "redrive_read_only"
+Headers = list[tuple[str, bytes]]
+
+
+class StoreUnavailable(RedriveError):
+    """The store's database cannot be reached or opened."""
+
+    def __init__(self, url: str, why: str) -> None:
+        self.url = url
+        super().__init__(f"retry store {url}: {why}")
+
+
+class UnknownRetry(RedriveError, LookupError):
+    def __init__(self, retry_id: int) -> None:
+        self.retry_id = retry_id
+        super().__init__(f"no stored retry with id={retry_id}")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def key_digest(key: bytes | None) -> str | None:
+    return None if key is None else hashlib.sha1(key, usedforsecurity=False).hexdigest()
+
+
+def encode_headers(headers: Sequence[tuple[str, bytes]]) -> str:
+    return json.dumps([[name, base64.b64encode(value).decode()] for name, value in headers])
+
+
+def decode_headers(raw: str | None) -> Headers:
+    return [(name, base64.b64decode(value)) for name, value in json.loads(raw or "[]")]
+
+
+@dataclass(frozen=True)
+class StoredRetry:
+    """One row of the store, as the scheduler, the CLI and notification hooks see it."""
+
+    id: int
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    mode: str
+    value: bytes | None
+    headers: Headers
+    target: str | None
+    attempt: int
+    first_failure_ms: int | None
+    due_ms: int
+    status: str
+    reason: str | None
+    error_type: str | None
+    error_message: str | None
+    error_trace: str | None
+    created_ms: int
+    updated_ms: int
+    dispatched_ms: int | None
+    dispatches: int
+
+    @classmethod
+    def of(cls, row: Row[Any]) -> StoredRetry:
+        m = row._mapping
+        return cls(m["id"], m["group_id"], m["topic"], m["partition"], m["offset"],
+                   m["timestamp_ms"], m["key"], m["mode"], m["value"],
+                   decode_headers(m["headers"]), m["target"], m["attempt"],
+                   m["first_failure_ms"], m["due_ms"], m["status"], m["reason"],
+                   m["error_type"], m["error_message"], m["error_trace"], m["created_ms"],
+                   m["updated_ms"], m["dispatched_ms"], m["dispatches"])
+
+    @property
+    def destination(self) -> str:
+        return self.target or self.topic
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A record the runtime puts into the store: failed (pending or dead) or parked behind its key.
+
+    In reference mode `value` and `headers` are None: the scheduler reads the record back.
+    """
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    mode: str
+    value: bytes | None
+    headers: Headers | None
+    target: str | None
+    attempt: int
+    first_failure_ms: int | None
+    due_ms: int
+    status: str
+    reason: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    error_trace: str | None = None
+    # The group keeps per-key order: a dead entry lets the next record parked behind it go.
+    ordered: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidArgument("mode", self.mode, f"expected one of {MODES}")
+        if self.status not in (PENDING, DEAD, PARKED):
+            raise InvalidArgument("status", self.status, "an entry is pending, dead or parked")
+
+
+@dataclass(frozen=True)
+class Success:
+    """A record the store dispatched was handled: its row (at this attempt) has succeeded.
+
+    `key` is given when the group keeps per-key order (the next parked record then goes), else
+    None: nothing can be parked behind it, and no lookup is spent on it.
+    """
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    attempt: int
+    key: bytes | None
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which rows a CLI command or query looks at; every field given narrows it."""
+
+    ids: tuple[int, ...] = ()
+    group: str | None = None
+    topic: str | None = None
+    statuses: tuple[str, ...] = ()
+    error_type: str | None = None
+    older_than_ms: int | None = None  # stored at least this long ago
+    newer_than_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        for status in self.statuses:
+            if status not in STATUSES:
+                raise InvalidArgument("status", status, f"expected one of {STATUSES}")
+        for name in ("older_than_ms", "newer_than_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise InvalidArgument(name, value, "must be >= 0")
+
+    @property
+    def narrows(self) -> bool:
+        return bool(self.ids or self.group or self.topic or self.statuses or self.error_type
+                    or self.older_than_ms is not None or self.newer_than_ms is not None)
+
+    def where(self, now: int) -> ColumnElement[bool]:
+        c = retries.c
+        parts: list[ColumnElement[bool]] = []
+        if self.ids:
+            parts.append(c.id.in_(self.ids))
+        if self.group is not None:
+            parts.append(c.group_id == self.group)
+        if self.topic is not None:
+            parts.append(c.topic == self.topic)
+        if self.statuses:
+            parts.append(c.status.in_(self.statuses))
+        if self.error_type is not None:
+            # "TimeoutError" finds "builtins.TimeoutError" and "app.errors.TimeoutError" alike.
+            parts.append(or_(c.error_type == self.error_type,
+                             c.error_type.like(f"%.{self.error_type}")))
+        if self.older_than_ms is not None:
+            parts.append(c.created_ms <= now - self.older_than_ms)
+        if self.newer_than_ms is not None:
+            parts.append(c.created_ms >= now - self.newer_than_ms)
+        return and_(true(), *parts)
+
+
+@dataclass
+class DueBatch:
+    """Due rows taken by one scheduler, locked until the transaction ends."""
+
+    rows: list[StoredRetry]
+    conn: Connection
+    dead: list[int] = field(default_factory=list)
+
+    def mark_in_flight(self, ids: Iterable[int], at_ms: int) -> None:
+        ids = list(ids)
+        if ids:
+            self.conn.execute(update(retries).where(retries.c.id.in_(ids)).values(
+                status=IN_FLIGHT, dispatched_ms=at_ms, updated_ms=at_ms,
+                dispatches=retries.c.dispatches + 1))
+
+    def mark_dead(self, rows: Sequence[StoredRetry], reason: str, why: str, at_ms: int) -> None:
+        if not rows:
+            return
+        self.conn.execute(update(retries).where(retries.c.id.in_([r.id for r in rows])).values(
+            status=DEAD, reason=reason, error_type="redrive.store." + reason,
+            error_message=why, updated_ms=at_ms))
+        _release_keys(self.conn, [(r.group, r.topic, r.key) for r in rows], at_ms)
+
+
+@dataclass
+class Unnotified:
+    rows: list[StoredRetry]
+    done: list[int] = field(default_factory=list)
+
+    def notified(self, retry_id: int) -> None:
+        self.done.append(retry_id)
+
+
+class RetryStore:
+    """The durable retry store. `url`: a file path (SQLite) or a SQLAlchemy database URL."""
+
+    def __init__(self, url: str | Path = DEFAULT_PATH, *, migrate: bool = True) -> None:
+        self.url = _database_url(url)
+        try:
+            self.engine: Engine = _engine(self.url)
+        except ArgumentError as exc:
+            raise InvalidArgument("url", str(url), str(exc)) from exc
+        self.dialect = self.engine.dialect.name
+        if migrate:
+            self.migrate()
+
+    def __repr__(self) -> str:
+        return f"RetryStore({self.display_url!r})"
+
+    @property
+    def display_url(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> RetryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _begin(self, *, read_only: bool = False) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(**{READ_ONLY: read_only})
+                with conn.begin():
+                    yield conn
+        except OperationalError as exc:
+            raise StoreUnavailable(self.display_url, str(exc.orig or exc).strip()) from exc
+
+    # --- schema --------------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        """Bring the schema to the latest version; return the versions applied now."""
+        with self._begin() as conn:
+            return schema.migrate(conn, self.display_url)
+
+    def schema_version(self) -> int:
+        with self._begin(read_only=True) as conn:
+            return schema.current_version(conn)
+
+    # --- what the runtimes write ---------------------------------------------------------------
+
+    def write(self, entries: Sequence[Entry], successes: Sequence[Success],
+              at_ms: int | None = None) -> None:
+        """Record one batch's outcomes in one transaction.
+
+        Failures first, then successes, then the next parked record of every key whose head
+        succeeded or died is released; a parked entry whose key has nothing active by then is
+        stored as due at once instead.
+        """
+        at = now_ms() if at_ms is None else at_ms
+        parks = [e for e in entries if e.status == PARKED]
+        failures = [e for e in entries if e.status != PARKED]
+        with self._begin() as conn:
+            self._lock_keys(conn, [(e.group, e.topic, e.key) for e in entries]
+                            + [(s.group, s.topic, s.key) for s in successes])
+            if failures:
+                conn.execute(self._upsert(), [_entry_row(e, at) for e in failures])
+            if successes:
+                c = retries.c
+                conn.execute(update(retries).where(
+                    c.group_id == bindparam("g"), c.topic == bindparam("t"),
+                    c.partition == bindparam("p"), c.offset == bindparam("o"),
+                    c.attempt == bindparam("a"),
+                    or_(c.status == PENDING, c.status == IN_FLIGHT)).values(
+                        status=SUCCEEDED, updated_ms=at),
+                    [{"g": s.group, "t": s.topic, "p": s.partition, "o": s.offset,
+                      "a": s.attempt} for s in successes])
+            _release_keys(conn, [(s.group, s.topic, s.key) for s in successes]
+                          + [(e.group, e.topic, e.key) for e in failures
+                             if e.status == DEAD and e.ordered], at)
+            for park in parks:
+                blocked = _key_active(conn, park.group, park.topic, park.key)
+                row = _entry_row(park, at)
+                if not blocked:
+                    row.update(status=PENDING, due_ms=at)
+                conn.execute(self._upsert(), [row])
+
+    def _upsert(self) -> Any:
+        dialect_insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        stmt = dialect_insert(retries)
+        x = stmt.excluded
+        return stmt.on_conflict_do_update(
+            index_elements=[retries.c.group_id, retries.c.topic, retries.c.partition,
+                            retries.c.offset],
+            set_={"attempt": x.attempt, "first_failure_ms": x.first_failure_ms,
+                  "due_ms": x.due_ms, "status": x.status, "reason": x.reason,
+                  "error_type": x.error_type, "error_message": x.error_message,
+                  "error_trace": x.error_trace, "updated_ms": x.updated_ms,
+                  "notified_ms": None},
+            # Only forward: a replayed failure, or one reported after a cancel, changes nothing.
+            # (IN would expand per statement, which a many-row insert cannot do.)
+            where=(retries.c.attempt < x.attempt)
+            & or_(*(retries.c.status == status for status in ACTIVE)))
+
+    def _lock_keys(self, conn: Connection, keys: Iterable[tuple[str, str, bytes | None]]) -> None:
+        if self.dialect != "postgresql":
+            return  # SQLite transactions already run one at a time
+        # A 64-bit lock id per (group, topic, key); sorted, so two writers never wait on
+        # each other crosswise.
+        ids = sorted({_lock_id(g, t, k) for g, t, k in keys if k is not None})
+        for lock in ids:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
+
+    def find_record(self, group: str, topic: str, partition: int,
+                    offset: int) -> StoredRetry | None:
+        with self._begin(read_only=True) as conn:
+            row = conn.execute(select(retries).where(
+                _record_is(group, topic, partition, offset))).first()
+        return None if row is None else StoredRetry.of(row)
+
+    def key_active(self, group: str, topic: str, key: bytes) -> bool:
+        """Whether a record with this key waits in the store for this group (ordering)."""
+        with self._begin(read_only=True) as conn:
+            return _key_active(conn, group, topic, key)
+
+    # --- what the scheduler does ---------------------------------------------------------------
+
+    @contextmanager
+    def take_due(self, limit: int, at_ms: int | None = None) -> Iterator[DueBatch]:
+        """Lock up to `limit` due pending rows for the caller until the block ends (commit).
+
+        If the block raises, nothing it marked is kept and the rows are due again.
+        """
+        at = now_ms() if at_ms is None else at_ms
+        query = (select(retries).where(retries.c.status == PENDING, retries.c.due_ms <= at)
+                 .order_by(retries.c.due_ms).limit(limit)
+                 .with_for_update(skip_locked=True))
+        with self._begin() as conn:
+            rows = [StoredRetry.of(r) for r in conn.execute(query)]
+            yield DueBatch(rows, conn)
+
+    @contextmanager
+    def take_unnotified(self, limit: int) -> Iterator[Unnotified]:
+        """Dead rows whose notification has not fired, locked until the block ends; those
+        passed to `notified()` are marked when it ends."""
+        query = (select(retries).where(retries.c.status == DEAD, retries.c.notified_ms.is_(None))
+                 .order_by(retries.c.id).limit(limit).with_for_update(skip_locked=True))
+        with self._begin() as conn:
+            batch = Unnotified([StoredRetry.of(r) for r in conn.execute(query)])
+            yield batch
+            if batch.done:
+                conn.execute(update(retries).where(retries.c.id.in_(batch.done))
+                             .values(notified_ms=now_ms()))
+
+    def release_orphans(self, at_ms: int | None = None) -> int:
+        """Release the first parked record of keys with nothing else active (a safety net for
+        a head removed by hand, e.g. purged); return how many were released."""
+        at = now_ms() if at_ms is None else at_ms
+        with self._begin() as conn:
+            heads = conn.execute(select(retries.c.group_id, retries.c.topic, retries.c.key)
+                                 .where(retries.c.status == PARKED)
+                                 .group_by(retries.c.group_id, retries.c.topic,
+                                           retries.c.key_digest, retries.c.key)).all()
+            return _release_keys(conn, [(g, t, k) for g, t, k in heads], at)
+
+    # --- inspection and operator actions -------------------------------------------------------
+
+    def find(self, where: Filter = Filter(), *, limit: int | None = 100,
+             at_ms: int | None = None) -> list[StoredRetry]:
+        at = now_ms() if at_ms is None else at_ms
+        query = select(retries).where(where.where(at)).order_by(retries.c.id).limit(limit)
+        with self._begin(read_only=True) as conn:
+            return [StoredRetry.of(r) for r in conn.execute(query)]
+
+    def get(self, retry_id: int) -> StoredRetry:
+        found = self.find(Filter(ids=(retry_id,)), limit=1)
+        if not found:
+            raise UnknownRetry(retry_id)
+        return found[0]
+
+    def counts(self, where: Filter = Filter()) -> dict[str, int]:
+        query = (select(retries.c.status, func.count()).where(where.where(now_ms()))
+                 .group_by(retries.c.status))
+        with self._begin(read_only=True) as conn:
+            return {status: int(n) for status, n in conn.execute(query)}
+
+    def requeue(self, where: Filter, *, due_ms: int | None = None,
+                reset_attempts: bool = False) -> int:
+        """Make matching dead, cancelled, pending or in-flight rows pending again, due at
+        `due_ms` (now by default); return how many. Parked rows wait for their key instead."""
+        at = now_ms()
+        values: dict[str, Any] = {"status": PENDING, "due_ms": at if due_ms is None else due_ms,
+                                  "reason": None, "notified_ms": None, "updated_ms": at}
+        if reset_attempts:
+            values["attempt"] = 0
+        with self._begin() as conn:
+            result = conn.execute(update(retries).where(
+                where.where(at), retries.c.status.in_((DEAD, schema.CANCELLED, PENDING,
+                                                       IN_FLIGHT))).values(**values))
+            return int(result.rowcount)
+
+    def cancel(self, where: Filter) -> int:
+        """Cancel matching active rows; records parked behind a cancelled one move up."""
+        at = now_ms()
+        condition = and_(where.where(at), retries.c.status.in_(ACTIVE))
+        with self._begin() as conn:
+            keys = conn.execute(select(retries.c.group_id, retries.c.topic, retries.c.key)
+                                .where(condition)).all()
+            self._lock_keys(conn, [(g, t, k) for g, t, k in keys])
+            result = conn.execute(update(retries).where(condition).values(
+                status=schema.CANCELLED, updated_ms=at))
+            _release_keys(conn, [(g, t, k) for g, t, k in keys], at)
+            return int(result.rowcount)
+
+    def purge(self, where: Filter) -> int:
+        """Delete matching rows that are finished (succeeded, dead or cancelled)."""
+        active = [s for s in where.statuses if s not in FINAL]
+        if active:
+            raise InvalidArgument("status", active[0], "purge deletes only finished rows "
+                                  f"({', '.join(FINAL)}); cancel active ones first")
+        at = now_ms()
+        with self._begin() as conn:
+            result = conn.execute(delete(retries).where(where.where(at),
+                                                        retries.c.status.in_(FINAL)))
+            return int(result.rowcount)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _record_is(group: str, topic: str, partition: int, offset: int) -> ColumnElement[bool]:
+    c = retries.c
+    return and_(c.group_id == group, c.topic == topic, c.partition == partition,
+                c.offset == offset)
+
+
+def _key_is(group: str, topic: str, key: bytes | None) -> ColumnElement[bool]:
+    c = retries.c
+    return and_(c.group_id == group, c.topic == topic, c.key_digest == key_digest(key))
+
+
+def _key_active(conn: Connection, group: str, topic: str, key: bytes | None, *,
+                parked: bool = True) -> bool:
+    if key is None:
+        return False
+    statuses = ACTIVE if parked else (PENDING, IN_FLIGHT)
+    return conn.execute(select(retries.c.id).where(
+        _key_is(group, topic, key), retries.c.status.in_(statuses)).limit(1)).first() is not None
+
+
+def _release_keys(conn: Connection, keys: Iterable[tuple[str, str, bytes | None]],
+                  at: int) -> int:
+    released = 0
+    for group, topic, key in {k for k in keys if k[2] is not None}:
+        if _key_active(conn, group, topic, key, parked=False):
+            continue
+        head = conn.execute(select(retries.c.id).where(
+            _key_is(group, topic, key), retries.c.status == PARKED)
+            .order_by(retries.c.partition, retries.c.offset).limit(1)).scalar()
+        if head is not None:
+            conn.execute(update(retries).where(retries.c.id == head).values(
+                status=PENDING, due_ms=at, updated_ms=at))
+            released += 1
+    return released
+
+
+def _lock_id(group: str, topic: str, key: bytes) -> int:
+    digest = hashlib.sha1(b"\0".join((group.encode(), topic.encode(), key)),
+                          usedforsecurity=False).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _entry_row(entry: Entry, at: int) -> dict[str, Any]:
+    return {
+        "group_id": entry.group, "topic": entry.topic, "partition": entry.partition,
+        "offset": entry.offset, "timestamp_ms": entry.timestamp_ms, "key": entry.key,
+        "key_digest": key_digest(entry.key), "mode": entry.mode, "value": entry.value,
+        "headers": None if entry.headers is None else encode_headers(entry.headers),
+        "target": entry.target, "attempt": entry.attempt,
+        "first_failure_ms": entry.first_failure_ms, "due_ms": entry.due_ms,
+        "status": entry.status, "reason": entry.reason, "error_type": entry.error_type,
+        "error_message": entry.error_message, "error_trace": entry.error_trace,
+        "created_ms": at, "updated_ms": at, "dispatches": 0, "notified_ms": None,
+    }
+
+
+def _database_url(url: str | Path) -> str:
+    if isinstance(url, Path) or "://" not in url:
+        path = Path(url).expanduser().resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path}"
+    # psycopg 3 is the PostgreSQL driver redrive depends on; plain URLs mean it.
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch to WAL, waiting out other openers of a new file.
+
+    SQLite answers "database is locked" to a journal-mode change at once, without calling the
+    busy handler, while another connection holds the file: retry up to the busy timeout.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def _engine(url: str) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(url, connect_args={"check_same_thread": False,
+                                                  "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi_conn: Any, _record: Any) -> None:
+            # Transactions are begun by hand below, not by the sqlite3 module's own rules.
+            dbapi_conn.isolation_level = None
+            cursor = dbapi_conn.cursor()
+            _enable_wal(cursor)
+            # A row written means a record whose offset may be committed: FULL survives
+            # power loss, which NORMAL in WAL mode does not.
+            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            # Readers need no lock in WAL mode; the consumer looks rows up once per retry.
+            read_only = conn.get_execution_options().get(READ_ONLY, False)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+        return engine
+    if parsed.get_backend_name() != "postgresql":
+        raise InvalidArgument("url", parsed.render_as_string(hide_password=True),
+                              "the retry store runs on SQLite (a file path) or PostgreSQL")
+    return create_engine(url, pool_pre_ping=True)

@@ -1,0 +1,261 @@
+"""The store path end to end on noida-db, on SQLite and PostgreSQL: payload and reference modes,
+two schedulers sharing due rows, a crash between publish and mark, expired references, and
+notifications of dead records (a callable and a webhook on a local HTTP server)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.consumer import RetryingConsumer
+from redrive.errors import InvalidArgument
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Record
+from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry
+from redrive.store.schema import DEAD, PENDING, REFERENCE, SUCCEEDED
+from redrive.store.store import DueBatch, Filter, now_ms
+from redrive.topics import plan
+
+from ..consumer.conftest import FAST_GROUP, produce, read_all, topic_size, wait_until
+from .conftest import Background, Calls, Runnable, entry, scheduler
+
+NewTopic = Callable[..., str]
+UniqueName = Callable[..., str]
+Start = Callable[[Runnable], Background]
+
+
+class Transient(Exception):
+    pass
+
+
+def failing(calls: Calls, failures: dict[bytes, int]) -> Callable[[Record], None]:
+    def handler(record: Record) -> None:
+        calls.add(record)
+        value = record.value or b""
+        if calls.count(value) <= failures.get(value, 0):
+            raise Transient(f"attempt {record.delivery.attempt} of {value!r}")
+    return handler
+
+
+@pytest.mark.parametrize("mode", ["payload", REFERENCE])
+def test_failures_wait_in_the_store_and_come_back_when_due(
+        mode: str, store: RetryStore, bootstrap: str, new_topic: NewTopic,
+        unique_name: UniqueName, background: Start) -> None:
+    topic, group = new_topic(partitions=2), unique_name("store")
+    policy = RetryPolicy(backoff=Backoff.sequence("300ms,600ms"))  # 3 attempts
+    calls = Calls()
+    produce(bootstrap, topic, [b"fine", b"once", b"twice", b"always"], partition=1,
+            headers=[("trace-id", b"abc")])
+    consumer = RetryingConsumer(bootstrap, topic, group, policy,
+                                failing(calls, {b"once": 1, b"twice": 2, b"always": 99}),
+                                config=FAST_GROUP,
+                                retry_backend=StoreBackend(store, mode=mode))
+    running = background(consumer)
+    background(scheduler(store, bootstrap))
+    wait_until(lambda: store.counts() == {SUCCEEDED: 2, DEAD: 1}, 30, "2 succeeded, 1 dead")
+    running.stop()
+
+    assert [calls.count(v) for v in (b"fine", b"once", b"twice", b"always")] == [1, 2, 3, 3]
+    for record, at_ms in calls.records():
+        assert ("trace-id", b"abc") in record.headers  # the record's own headers came back
+        if record.delivery.due_ms is not None:
+            assert at_ms >= record.delivery.due_ms  # never early
+            assert record.topic == topic and record.partition == 1
+            assert record.delivery.group == group
+            assert record.delivery.original is not None
+            assert record.delivery.original.topic == topic
+    dead = store.find(Filter(statuses=(DEAD,)))[0]
+    assert (dead.attempt, dead.reason, dead.mode) == (3, "exhausted", mode)
+    assert dead.error_type is not None and dead.error_type.endswith("Transient")
+    assert (dead.value is None) == (mode == REFERENCE)
+    # No retry topic was made: the store is the only place records waited.
+    assert not any(name in kafka.topic_partitions(kafka.admin(bootstrap))
+                   for name in plan(policy, topic, group).retry_topic_names)
+    assert consumer.metrics.total("redrive_retried_total") == 5
+    assert consumer.metrics.total("redrive_dead_lettered_total") == 1
+
+
+def test_an_inbox_and_other_groups_reading_the_topic(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        background: Start) -> None:
+    topic, group, inbox = new_topic(), unique_name("inboxed"), unique_name("inbox")
+    calls, bystander = Calls(), Calls()
+    produce(bootstrap, topic, [b"a", b"b"])
+    consumer = RetryingConsumer(bootstrap, topic, group,
+                                RetryPolicy(backoff=Backoff.fixed("200ms")),
+                                failing(calls, {b"a": 1}), config=FAST_GROUP,
+                                retry_backend=StoreBackend(store, inbox=inbox))
+    other = RetryingConsumer(bootstrap, topic, unique_name("bystander"), RetryPolicy(),
+                             bystander.add, config=FAST_GROUP)
+    runs = [background(consumer), background(other), background(scheduler(store, bootstrap))]
+    wait_until(lambda: store.counts() == {SUCCEEDED: 1}, 30, "a retried through the inbox")
+    for run in runs[:2]:
+        run.stop()
+    assert calls.count(b"a") == 2 and calls.count(b"b") == 1
+    assert [r.topic for r, _ in calls.records() if r.value == b"a"] == [topic, inbox]
+    assert sorted(r.value or b"" for r, _ in bystander.records()) == [b"a", b"b"]
+    assert topic_size(bootstrap, topic) == 2
+
+
+def test_two_schedulers_share_due_rows_and_publish_none_twice(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    topic, group, rows = new_topic(partitions=2), unique_name("shared"), 300
+    store.write([entry(group, topic, o, partition=o % 2, value=b"%d" % o, due_ms=now_ms() - 1)
+                 for o in range(rows)], [])
+    schedulers = [scheduler(store, bootstrap, batch_size=20) for _ in range(2)]
+    published = [0, 0]
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def drain(index: int) -> None:
+        start.wait()
+        try:
+            while (done := schedulers[index].run_once().published) > 0:
+                published[index] += done
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for each in schedulers:
+        each.close()
+    assert errors == []
+    assert sum(published) == rows, (published, store.counts())
+    copies = read_all(bootstrap, topic, expect=rows, timeout_s=30)
+    offsets = [int(c.header(h.ORIGINAL_OFFSET) or -1) for c in copies]
+    assert sorted(offsets) == list(range(rows))  # every row once, none twice
+    assert sum(published) == rows
+    assert store.counts() == {"in-flight": rows}
+    assert all(c.partition == int(c.header(h.ORIGINAL_PARTITION) or -1) for c in copies)
+
+
+def test_a_crash_between_publish_and_mark_leaves_one_recognised_duplicate(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        background: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    topic, group, rows = new_topic(), unique_name("crash"), 5
+    produce(bootstrap, topic, [b"r%d" % i for i in range(rows)])
+    calls = Calls()
+    policy = RetryPolicy(backoff=Backoff.fixed("100ms"))
+    consumer = RetryingConsumer(bootstrap, topic, group, policy,
+                                failing(calls, {b"r%d" % i: 1 for i in range(rows)}),
+                                config=FAST_GROUP, retry_backend=StoreBackend(store))
+    running = background(consumer)
+    wait_until(lambda: store.counts().get(PENDING) == rows, 20, "all stored")
+    wait_until(lambda: all(r.due_ms <= now_ms() for r in store.find()), 5, "all due")
+
+    class Crash(BaseException):
+        pass
+
+    def crash(self: DueBatch, ids: Any, at_ms: int) -> None:
+        raise Crash("killed after the broker acknowledged, before the row was marked")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DueBatch, "mark_in_flight", crash)
+        with pytest.raises(Crash):
+            scheduler(store, bootstrap).run_once()
+    assert store.counts() == {PENDING: rows}  # nothing was marked
+    assert scheduler(store, bootstrap).run_once().published == rows  # published again
+
+    wait_until(lambda: store.counts() == {SUCCEEDED: rows}, 20, "all succeeded")
+    wait_until(lambda: consumer.metrics.total("redrive_skipped_total") == rows, 20,
+               "duplicates skipped")
+    running.stop()
+    # Each record's two copies carry the same origin and attempt: that is how they are told
+    # apart from a new failure, and the handler saw only one of them.
+    copies = [c for c in read_all(bootstrap, topic) if c.header(h.GROUP) == group]
+    stories = [(c.header(h.ORIGINAL_OFFSET), c.header(h.ATTEMPT)) for c in copies]
+    assert len(copies) == 2 * rows and len(set(stories)) == rows
+    assert all(calls.count(b"r%d" % i) == 2 for i in range(rows))  # first try + one retry
+    assert consumer.metrics.value("redrive_skipped_total", topic=topic, why="duplicate") == rows
+
+
+def test_a_reference_gone_by_retention_dies_as_expired_and_is_notified(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    topic, group = new_topic(), unique_name("expired")
+    produce(bootstrap, topic, [b"r0", b"r1", b"r2", b"r3"])
+    store.write([entry(group, topic, o, mode=REFERENCE, due_ms=now_ms() - 1)
+                 for o in range(4)], [])
+    admin = kafka.admin(bootstrap)
+    for future in admin.delete_records([TopicPartition(topic, 0, 2)]).values():
+        future.result(timeout=10)
+    dead: list[StoredRetry] = []
+    done = scheduler(store, bootstrap, on_dead=[dead.append]).run_once()
+    assert (done.published, done.expired, done.notified) == (2, 2, 2)
+    rows = {r.offset: r for r in store.find(Filter(group=group))}
+    assert [rows[o].reason for o in range(4)] == ["expired", "expired", None, None]
+    assert [rows[o].status for o in range(4)] == [DEAD, DEAD, "in-flight", "in-flight"]
+    assert sorted(r.offset for r in dead) == [0, 1]
+    copies = read_all(bootstrap, topic, expect=4)[2:]
+    assert [c.value for c in copies] == [b"r2", b"r3"]  # read back from Kafka
+    assert [c.header(h.ORIGINAL_OFFSET) for c in copies] == ["2", "3"]
+    assert scheduler(store, bootstrap, on_dead=[dead.append]).run_once().notified == 0
+
+
+@pytest.fixture
+def webhook_server() -> Iterator[tuple[str, list[dict[str, Any]], list[int]]]:
+    """A local webhook receiver: its URL, the JSON bodies it accepted, and statuses to answer
+    with first (500 makes the sender try again later)."""
+    received: list[dict[str, Any]] = []
+    answers: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            status = answers.pop(0) if answers else 200
+            if status == 200:
+                received.append(json.loads(body))
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/dead", received, answers
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_every_dead_record_is_notified_once_by_hook_and_webhook(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        webhook_server: tuple[str, list[dict[str, Any]], list[int]]) -> None:
+    url, received, answers = webhook_server
+    topic, group = new_topic(), unique_name("notify")
+    store.write([entry(group, topic, o, status=DEAD, reason="exhausted", key=b"k%d" % o)
+                 for o in range(3)] + [entry(group, topic, 9)], [])
+    hooked: list[int] = []
+    answers.append(500)
+    first = scheduler(store, bootstrap, webhook=url, on_dead=[lambda r: hooked.append(r.id)])
+    assert first.run_once().notified == 0  # the webhook failed: nothing counts as notified
+    assert received == []
+
+    again = scheduler(store, bootstrap, webhook=url, on_dead=[lambda r: hooked.append(r.id)])
+    assert again.run_once().notified == 3
+    assert again.run_once().notified == 0
+    assert sorted(body["offset"] for body in received) == [0, 1, 2]
+    assert {body["reason"] for body in received} == {"exhausted"}
+    assert received[0]["group"] == group and received[0]["topic"] == topic
+    assert len(hooked) == 4 and len(set(hooked)) == 3  # the failed pass's call, then one each
+
+    # A requeued record that dies again is a new death, notified again.
+    store.requeue(Filter(group=group, statuses=(DEAD,), ids=(hooked[-1],)))
+    store.write([entry(group, topic, received[-1]["offset"], status=DEAD, reason="exhausted",
+                       attempt=5)], [])
+    assert again.run_once().notified == 1
+    with pytest.raises(InvalidArgument, match="invalid webhook='ftp://x'"):
+        Scheduler(store, bootstrap, webhook="ftp://x")

@@ -1,0 +1,165 @@
+"""The store itself, on SQLite and PostgreSQL: schema versions, forward-only writes, per-key
+parking and release, and the operator actions (requeue, cancel, purge) with their filters."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import update
+
+from redrive.errors import InvalidArgument
+from redrive.store import Filter, RetryStore
+from redrive.store.schema import (
+    CANCELLED,
+    DEAD,
+    IN_FLIGHT,
+    LATEST,
+    PARKED,
+    PENDING,
+    SUCCEEDED,
+    SchemaTooNew,
+    versions,
+)
+from redrive.store.store import Success, now_ms
+
+from .conftest import entry
+
+
+def test_schema_is_created_once_even_by_concurrent_openers(store_url: str) -> None:
+    opened: list[RetryStore] = []
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            opened.append(RetryStore(store_url))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert [s.schema_version() for s in opened] == [LATEST] * 4
+    assert opened[0].migrate() == []  # nothing left to apply
+    with opened[0].engine.connect() as conn:
+        assert conn.execute(versions.select()).all()[0].version == 1
+        assert len(conn.execute(versions.select()).all()) == LATEST
+    for store in opened:
+        store.close()
+
+
+def test_a_newer_schema_is_refused_naming_its_version(store: RetryStore) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(versions.insert().values(version=LATEST + 7, description="future",
+                                              applied_ms=0))
+    with pytest.raises(SchemaTooNew, match=f"schema version {LATEST + 7} is newer"):
+        RetryStore(store.url)
+
+
+def test_writes_only_move_forward(store: RetryStore) -> None:
+    store.write([entry("g", "t", 5, attempt=1)], [])
+    store.write([entry("g", "t", 5, attempt=2, due_ms=123)], [])
+    # A replayed, older failure (a consumer that crashed before committing) changes nothing.
+    store.write([entry("g", "t", 5, attempt=1, due_ms=999)], [])
+    row = store.find(Filter(group="g"))[0]
+    assert (row.attempt, row.due_ms, row.status) == (2, 123, PENDING)
+    assert row.headers == [("trace-id", b"t-5")] and row.value == b"v"
+
+    # A success counts only for the attempt the row is at, and only once.
+    store.write([], [Success("g", "t", 0, 5, 1, None)])
+    assert store.get(row.id).status == PENDING
+    store.write([], [Success("g", "t", 0, 5, 2, None)])
+    assert store.get(row.id).status == SUCCEEDED
+    store.write([entry("g", "t", 5, attempt=3)], [])
+    assert store.get(row.id).status == SUCCEEDED
+    assert store.find_record("g", "t", 0, 5) == store.get(row.id)
+    assert store.find_record("other", "t", 0, 5) is None
+
+
+def test_parked_records_are_released_one_at_a_time_in_offset_order(store: RetryStore) -> None:
+    store.write([entry("g", "t", 1, key=b"k")], [])
+    assert store.key_active("g", "t", b"k") and not store.key_active("g", "t", b"other")
+    store.write([entry("g", "t", o, key=b"k", status=PARKED, attempt=0) for o in (3, 2)], [])
+    status = {r.offset: r.status for r in store.find(Filter(group="g"))}
+    assert status == {1: PENDING, 2: PARKED, 3: PARKED}
+
+    store.write([], [Success("g", "t", 0, 1, 1, b"k")])
+    status = {r.offset: r.status for r in store.find(Filter(group="g"))}
+    assert status == {1: SUCCEEDED, 2: PENDING, 3: PARKED}
+
+    # The released head dies: the next one moves up.
+    store.write([entry("g", "t", 2, key=b"k", status=DEAD, attempt=1, reason="exhausted",
+                       ordered=True)], [])
+    status = {r.offset: r.status for r in store.find(Filter(group="g"))}
+    assert status == {1: SUCCEEDED, 2: DEAD, 3: PENDING}
+
+    # A record parked after its key went quiet is due at once instead.
+    store.write([], [Success("g", "t", 0, 3, 0, b"k")])
+    assert store.find_record("g", "t", 0, 3).status == SUCCEEDED  # type: ignore[union-attr]
+    store.write([entry("g", "t", 9, key=b"k", status=PARKED, attempt=0)], [])
+    assert store.find_record("g", "t", 0, 9).status == PENDING  # type: ignore[union-attr]
+
+
+def test_cancelling_a_head_releases_the_next_and_purge_keeps_active_rows(
+        store: RetryStore) -> None:
+    store.write([entry("g", "t", 1, key=b"k")], [])
+    store.write([entry("g", "t", 2, key=b"k", status=PARKED, attempt=0)], [])
+    assert store.cancel(Filter(ids=(store.find_record("g", "t", 0, 1).id,))) == 1  # type: ignore[union-attr]
+    assert {r.offset: r.status for r in store.find()} == {1: CANCELLED, 2: PENDING}
+    assert store.purge(Filter(group="g")) == 1  # only the cancelled one
+    assert [r.offset for r in store.find()] == [2]
+    with pytest.raises(InvalidArgument, match="invalid status='pending'"):
+        store.purge(Filter(statuses=(PENDING,)))
+
+
+def test_filters_requeue_and_release_of_orphans(store: RetryStore) -> None:
+    old = now_ms() - 3_600_000
+    store.write([entry("g1", "a", 1, status=DEAD, reason="exhausted", error_type="x.Timeout"),
+                 entry("g1", "b", 2, status=DEAD, reason="exhausted", error_type="x.Other"),
+                 entry("g2", "a", 3)], [], at_ms=old)
+    store.write([entry("g1", "a", 4, status=DEAD, reason="not-retryable",
+                       error_type="x.Timeout")], [])
+    assert [r.offset for r in store.find(Filter(error_type="Timeout"))] == [1, 4]
+    assert [r.offset for r in store.find(Filter(older_than_ms=60_000))] == [1, 2, 3]
+    assert [r.offset for r in store.find(Filter(newer_than_ms=60_000))] == [4]
+    assert store.counts(Filter(group="g1")) == {DEAD: 3}
+
+    assert store.requeue(Filter(group="g1", topic="a", statuses=(DEAD,)),
+                         reset_attempts=True) == 2
+    requeued = store.find(Filter(group="g1", topic="a"))
+    assert [(r.status, r.attempt, r.reason) for r in requeued] == [(PENDING, 0, None)] * 2
+
+    # A head deleted by hand would strand its parked followers; the sweep releases them.
+    store.write([entry("g3", "t", 7, key=b"k", status=PARKED, attempt=0),
+                 entry("g3", "t", 8, key=b"k", status=PARKED, attempt=0)], [])
+    with store.engine.begin() as conn:
+        from redrive.store.schema import retries
+        conn.execute(update(retries).where(retries.c.offset.in_((7, 8)))
+                     .values(status=PARKED))
+    assert store.release_orphans() == 1
+    assert [r.status for r in store.find(Filter(group="g3"))] == [PENDING, PARKED]
+
+
+def test_due_rows_are_taken_once_and_a_failed_block_leaves_them_due(store: RetryStore) -> None:
+    store.write([entry("g", "t", o, due_ms=now_ms() - 10) for o in range(3)]
+                + [entry("g", "t", 9, due_ms=now_ms() + 60_000)], [])
+    with pytest.raises(RuntimeError), store.take_due(10) as batch:
+        assert sorted(r.offset for r in batch.rows) == [0, 1, 2]
+        batch.mark_in_flight([r.id for r in batch.rows], now_ms())
+        raise RuntimeError("crash before commit")
+    with store.take_due(2) as batch:
+        assert len(batch.rows) == 2
+        batch.mark_in_flight([r.id for r in batch.rows], now_ms())
+    assert store.counts() == {IN_FLIGHT: 2, PENDING: 2}
+
+
+def test_bad_arguments_name_field_and_value(tmp_path: object) -> None:
+    with pytest.raises(InvalidArgument, match="invalid url='mysql://x/y'"):
+        RetryStore("mysql://x/y")
+    with pytest.raises(InvalidArgument, match="invalid status='lost'"):
+        Filter(statuses=("lost",))
+    with pytest.raises(InvalidArgument, match="invalid mode='copy'"):
+        entry("g", "t", 1, mode="copy")

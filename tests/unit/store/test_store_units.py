@@ -1,0 +1,90 @@
+"""Pure parts of the store: URLs, header encoding, the headers a republished row carries, what a
+notification says, and the checks on backend and consumer settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from redrive import headers as h
+from redrive.consumer import InvalidSetting, RetryingConsumer
+from redrive.errors import InvalidArgument
+from redrive.policy import RetryPolicy
+from redrive.store import RetryStore, StoreBackend, StoredRetry
+from redrive.store.notify import describe
+from redrive.store.scheduler import _fields
+from redrive.store.store import Filter, _database_url, decode_headers, encode_headers
+
+
+def row(**overrides: object) -> StoredRetry:
+    fields: dict[str, object] = dict(
+        id=7, group="billing", topic="orders", partition=2, offset=41, timestamp_ms=1000,
+        key=b"k", mode="payload", value=b"v", headers=[], target=None, attempt=2,
+        first_failure_ms=500, due_ms=9000, status="dead", reason="exhausted",
+        error_type="app.Down", error_message="down", error_trace="tb", created_ms=600,
+        updated_ms=9500, dispatched_ms=None, dispatches=1)
+    fields.update(overrides)
+    return StoredRetry(**fields)  # type: ignore[arg-type]
+
+
+def test_urls_paths_and_drivers(tmp_path: Path) -> None:
+    assert _database_url(str(tmp_path / "a" / "s.db")) == f"sqlite:///{tmp_path}/a/s.db"
+    assert (tmp_path / "a").is_dir()
+    assert _database_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert _database_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert _database_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+def test_headers_survive_encoding_byte_for_byte() -> None:
+    headers = [("a", b"\x00\xff"), ("a", b""), ("b", "é".encode())]
+    assert decode_headers(encode_headers(headers)) == headers
+    assert decode_headers(None) == []
+
+
+def test_a_republished_row_carries_its_whole_history() -> None:
+    fields = _fields(row())
+    headers = h.replace([("trace-id", b"x"), (h.REASON, b"exhausted")], fields)
+    delivery = h.read_delivery(headers)
+    assert (delivery.attempt, delivery.group, delivery.due_ms, delivery.first_failure_ms) == \
+        (2, "billing", 9000, 500)
+    assert delivery.original is not None and delivery.original.offset == 41
+    assert h.last(headers, h.REASON) is None and h.last(headers, "trace-id") == b"x"
+    assert h.last(headers, h.ERROR_TYPE) == b"app.Down"
+    # A parked record never failed: it carries no error.
+    parked = h.replace([], _fields(row(attempt=0, error_type=None, error_message=None,
+                                       error_trace=None, first_failure_ms=None)))
+    assert h.last(parked, h.ERROR_TYPE) is None and h.last(parked, h.ATTEMPT) == b"0"
+
+
+def test_a_notification_names_the_record_without_its_value() -> None:
+    body = describe(row())
+    assert body["key"] == "aw==" and "value" not in body
+    assert (body["group"], body["topic"], body["offset"], body["reason"]) == \
+        ("billing", "orders", 41, "exhausted")
+
+
+def test_filters_know_whether_they_narrow() -> None:
+    assert not Filter().narrows
+    assert Filter(older_than_ms=0).narrows and Filter(ids=(1,)).narrows
+    with pytest.raises(InvalidArgument, match="invalid older_than_ms=-1"):
+        Filter(older_than_ms=-1)
+
+
+def test_backend_and_consumer_settings_are_checked(tmp_path: Path) -> None:
+    store = RetryStore(tmp_path / "s.db")
+    with pytest.raises(InvalidArgument, match="invalid mode='copy'"):
+        StoreBackend(store, mode="copy")
+    with pytest.raises(InvalidArgument, match="invalid inbox='no spaces'"):
+        StoreBackend(store, inbox="no spaces")
+    with pytest.raises(InvalidArgument, match=r"invalid policies\['orders'\]=3"):
+        StoreBackend(store, policies={"orders": 3})  # type: ignore[dict-item]
+    with pytest.raises(InvalidArgument, match=r"invalid store='x\.db'"):
+        StoreBackend("x.db")  # type: ignore[arg-type]
+    with pytest.raises(InvalidSetting, match="invalid transactional=True"):
+        RetryingConsumer("127.0.0.1:1", "orders", "g", RetryPolicy(), print,
+                         transactional=True, retry_backend=StoreBackend(store))
+    with pytest.raises(InvalidSetting, match="invalid retry_backend='topics'"):
+        RetryingConsumer("127.0.0.1:1", "orders", "g", RetryPolicy(), print,
+                         retry_backend="topics")  # type: ignore[arg-type]
+    store.close()
