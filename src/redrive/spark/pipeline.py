@@ -167,20 +167,32 @@ class RetryPipeline:
         try:
             self._write_sink(processed.where(F.col("status") == tasks.OK).select("output.*"),
                              batch_id)
-            failed = processed.where(F.col("status") == tasks.FAILED)
-            routed = failed.mapInArrow(
-                partial(tasks.route_batches, policy=self.policy, group=self.group,
-                        partitions=dict(self._partitions)),
-                _routed_schema()).persist()
-            try:
-                write_to_kafka(routed.where(F.col("topic").isNotNull())
-                               .select("topic", "key", "value", "headers", "partition"),
-                               self.connection)
-                self._count(batch_id, processed, routed)
-            finally:
-                routed.unpersist()
+            failed, with_due = self._count_processed(processed)
+            if failed:
+                self._route_failures(processed.where(F.col("status") == tasks.FAILED))
+            if with_due:
+                self._observe_lateness(processed)
         finally:
             processed.unpersist()
+        self.stats.batches += 1
+        if self.on_batch is not None:
+            self.on_batch(batch_id, self.stats)
+
+    def _route_failures(self, failed: Any) -> None:
+        """Copy failed records to their retry or dead-letter topic; raise unless all confirmed."""
+        from pyspark.sql import functions as F
+
+        routed = failed.mapInArrow(
+            partial(tasks.route_batches, policy=self.policy, group=self.group,
+                    partitions=dict(self._partitions)),
+            _routed_schema()).persist()
+        try:
+            write_to_kafka(routed.where(F.col("topic").isNotNull())
+                           .select("topic", "key", "value", "headers", "partition"),
+                           self.connection)
+            self._count_routed(routed)
+        finally:
+            routed.unpersist()
 
     def _write_sink(self, successes: Any, batch_id: int) -> None:
         if callable(self.sink):
@@ -190,17 +202,18 @@ class RetryPipeline:
         else:
             successes.write.mode("append").format(self.sink_format).saveAsTable(self.sink)
 
-    def _count(self, batch_id: int, processed: Any, routed: Any) -> None:
+    def _count_processed(self, processed: Any) -> tuple[int, int]:
+        """Count the batch's outcomes; return how many failed, and how many had a due time."""
         from pyspark.sql import functions as F
 
         early = F.when(F.col("due_ms").isNotNull() & (F.col("handled_ms") < F.col("due_ms")), 1)
         rows = (processed.groupBy("status", "attempt", "topic")
                 .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"),
-                     F.sum("in_place").alias("in_place"))
+                     F.sum("in_place").alias("in_place"), F.count("due_ms").alias("due"))
                 .collect())
-        stats = self.stats
-        stats.batches += 1
+        stats, failed, with_due = self.stats, 0, 0
         for row in rows:
+            with_due += row["due"]
             stats.records += row["n"]
             stats.early += row["early"]
             stats.in_place_retries += row["in_place"] or 0
@@ -210,24 +223,30 @@ class RetryPipeline:
             elif row["status"] == tasks.SKIPPED:
                 stats.skipped += row["n"]
                 self.metrics.skipped(row["topic"], "other-group", row["n"])
+            else:
+                failed += row["n"]
+        return failed, with_due
+
+    def _count_routed(self, routed: Any) -> None:
+        stats = self.stats
         for row in routed.groupBy("kind", "reason", "attempt", "topic").count().collect():
             if row["kind"] == "retry":
                 self.metrics.retried(row["topic"], row["attempt"], row["count"])
-            elif row["topic"] is not None:
-                self.metrics.dead_lettered(row["topic"], row["reason"], row["count"])
-            if row["kind"] == "retry":
                 stats.retried_by_attempt[row["attempt"]] += row["count"]
             elif row["topic"] is None:
                 stats.dropped_by_reason[row["reason"]] += row["count"]
             else:
+                self.metrics.dead_lettered(row["topic"], row["reason"], row["count"])
                 stats.dead_lettered_by_reason[row["reason"]] += row["count"]
+
+    def _observe_lateness(self, processed: Any) -> None:
+        from pyspark.sql import functions as F
+
         lateness = (processed.where(F.col("due_ms").isNotNull())
                     .select(((F.col("handled_ms") - F.col("due_ms")) / 1000).alias("late"))
                     .limit(_LATENESS_SAMPLE).collect())
         for row in lateness:
             self.metrics.late_by(row["late"])
-        if self.on_batch is not None:
-            self.on_batch(batch_id, stats)
 
     # --- running and stopping ----------------------------------------------------------------
 

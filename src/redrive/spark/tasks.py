@@ -118,32 +118,45 @@ def call_with_in_place(function: Callable[[], Mapping[str, Any]], policy: RetryP
             sleep(budget.backoff.delay_ms(in_place) / 1000)
 
 
-def admission(record: Record, group: str) -> tuple[Outcome | None, int | None]:
-    """Whether a record is for this group and readable: (outcome if not to be handled, due)."""
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    due_ms: int | None
+    handled_ms: int
+    attempt: int
+
+
+def admit(row: Mapping[str, Any], group: str) -> tuple[Record, Outcome | None]:
+    """The row as a Record with its history, and an outcome if it is not to be handled.
+
+    Headers are decoded once here: most records carry no redrive header at all.
+    """
+    record = record_of(row)
+    if not h.has_redrive(record.headers):
+        return record, None
     try:
         delivery = h.read_delivery(record.headers)
     except MalformedHeader as exc:
-        return Outcome(FAILED, error=ErrorInfo.from_exception(exc)), None
+        return record, Outcome(FAILED, error=ErrorInfo.from_exception(exc))
+    record = Record(record.topic, record.partition, record.offset, record.timestamp_ms,
+                    record.key, record.value, record.headers, delivery)
     if delivery.group is not None and delivery.group != group:
-        return Outcome(SKIPPED), delivery.due_ms
-    return None, delivery.due_ms
+        return record, Outcome(SKIPPED)
+    return record, None
 
 
 def process_rows(rows: Sequence[Mapping[str, Any]], function: RecordFunction,
-                 policy: RetryPolicy, group: str) -> list[tuple[Outcome, int | None, int]]:
-    results: list[tuple[Outcome, int | None, int]] = []
+                 policy: RetryPolicy, group: str) -> list[Result]:
+    results: list[Result] = []
     for row in rows:
-        record = record_of(row)
-        early, due = admission(record, group)
-        if early is not None:
-            results.append((early, due, _now_ms()))
-            continue
-        record = Record(record.topic, record.partition, record.offset, record.timestamp_ms,
-                        record.key, record.value, record.headers,
-                        h.read_delivery(record.headers))
-        handled = _now_ms()
-        results.append((call_with_in_place(partial(_apply, function, record), policy),
-                        due, handled))
+        record, early = admit(row, group)
+        delivery = record.delivery
+        if early is None:
+            handled = _now_ms()
+            early = call_with_in_place(partial(_apply, function, record), policy)
+        else:
+            handled = _now_ms()
+        results.append(Result(early, delivery.due_ms, handled, delivery.attempt))
     return results
 
 
@@ -152,28 +165,16 @@ def _apply(function: RecordFunction, record: Record) -> Mapping[str, Any]:
 
 
 def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, error_column: str,
-                  policy: RetryPolicy, group: str) -> list[tuple[Outcome, int | None, int]]:
+                  policy: RetryPolicy, group: str) -> list[Result]:
     """The vectorized form: one pandas call per Arrow batch, with an error column per row."""
     import pandas as pd
 
-    results: list[tuple[Outcome, int | None, int] | None] = [None] * len(rows)
-    handled_rows: list[int] = []
-    inputs: list[dict[str, Any]] = []
-    dues: dict[int, int | None] = {}
-    for index, row in enumerate(rows):
-        record = record_of(row)
-        early, due = admission(record, group)
-        dues[index] = due
-        if early is not None:
-            results[index] = (early, due, _now_ms())
-            continue
-        record = Record(record.topic, record.partition, record.offset, record.timestamp_ms,
-                        record.key, record.value, record.headers,
-                        h.read_delivery(record.headers))
-        handled_rows.append(index)
-        inputs.append(user_input(record))
-    if inputs:
-        handled = _now_ms()
+    admitted = [admit(row, group) for row in rows]
+    outcomes: list[Outcome | None] = [early for _, early in admitted]
+    handled_rows = [index for index, early in enumerate(outcomes) if early is None]
+    handled = _now_ms()
+    if handled_rows:
+        inputs = [user_input(admitted[index][0]) for index in handled_rows]
         try:
             frame = function(pd.DataFrame(inputs))
             if len(frame) != len(inputs):
@@ -182,17 +183,21 @@ def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, er
             outputs = frame.drop(columns=[error_column], errors="ignore").to_dict("records")
             for index, output, error in zip(handled_rows, outputs, errors, strict=True):
                 if isinstance(error, BaseException):
-                    outcome = Outcome(FAILED, error=ErrorInfo.from_exception(error))
+                    outcomes[index] = Outcome(FAILED, error=ErrorInfo.from_exception(error))
                 elif error is not None and not (isinstance(error, float) and error != error):
-                    outcome = Outcome(FAILED, error=ErrorInfo("Error", str(error)))
+                    outcomes[index] = Outcome(FAILED, error=ErrorInfo("Error", str(error)))
                 else:
-                    outcome = Outcome(OK, output)
-                results[index] = (outcome, dues[index], handled)
+                    outcomes[index] = Outcome(OK, output)
         except Exception as exc:
             failure = Outcome(FAILED, error=ErrorInfo.from_exception(exc))
             for index in handled_rows:
-                results[index] = (failure, dues[index], handled)
-    return [result for result in results if result is not None]
+                outcomes[index] = failure
+    results: list[Result] = []
+    for (record, _), outcome in zip(admitted, outcomes, strict=True):
+        assert outcome is not None
+        results.append(Result(outcome, record.delivery.due_ms, handled,
+                              record.delivery.attempt))
+    return results
 
 
 def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: RecordFunction | None,
@@ -209,12 +214,12 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
             results = process_rows(rows, record_function, policy, group)
         columns: dict[str, list[Any]] = {name: [] for name, _ in STATUS_COLUMNS}
         outputs: list[Mapping[str, Any] | None] = []
-        for row, (outcome, due, handled) in zip(rows, results, strict=True):
-            delivery_attempt = _attempt(row)
+        for result in results:
+            outcome = result.outcome
             columns["status"].append(outcome.status)
-            columns["attempt"].append(delivery_attempt)
-            columns["due_ms"].append(due)
-            columns["handled_ms"].append(handled)
+            columns["attempt"].append(result.attempt)
+            columns["due_ms"].append(result.due_ms)
+            columns["handled_ms"].append(result.handled_ms)
             columns["in_place"].append(outcome.in_place)
             for name, value in _error_columns(outcome.error).items():
                 columns[name].append(value)
@@ -225,13 +230,6 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
         fields = [*batch.schema, *(pa.field(name, kind) for name, kind in STATUS_COLUMNS),
                   pa.field("output", output_type)]
         yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
-
-
-def _attempt(row: Mapping[str, Any]) -> int:
-    try:
-        return h.read_delivery(record_of(row).headers).attempt
-    except MalformedHeader:
-        return 0
 
 
 def _conform(output: Mapping[str, Any] | None, output_type: pa.StructType) -> dict[str, Any] | None:

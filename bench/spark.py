@@ -1,0 +1,454 @@
+"""Benchmark of redrive on PySpark: the redrive-kafka source (P5, P5c) and RetryPipeline (P6).
+
+    python bench/spark.py [--quick] [--records N] [--bootstrap HOST:PORT] [--runs N] [--json]
+
+Starts its own noida-db unless --bootstrap is given, fills one topic (2 partitions, 100-byte
+values) and measures, in one local[2] SparkSession, after a warm-up query:
+
+  P5   records/s of the redrive-kafka source counting the topic (a batch read and `.count()`)
+       / records/s of a raw confluent-kafka consumer reading the same records (assign, consume in
+       batches of 10,000).                                                          goal >= 0.5
+  P5c  the same source figure / an in-memory Python data source with the same schema and row count
+       and no broker: how close the Kafka part comes to what Spark's Python data source path can
+       carry at all.                                                                goal >= 0.8
+  P6   records/s of a RetryPipeline whose function fails for --fail-rate of the records (routed to
+       a retry topic with a 1h backoff, so no retry is read back during the measurement)
+       / the same pipeline (same source, same mapInArrow function step, same no-op sink) with a
+       function that never fails, so nothing is routed.                              goal >= 0.85
+
+Every figure is the median of --runs runs. A pipeline run is timed from `run()` (query start,
+included) to the end of the batch that handled the last main-topic record; by default one
+micro-batch holds the whole topic (maxOffsetsPerTrigger = --records). Shown beside P6, not part of
+it: the pipeline's fixed cost per query (a run over a 2,000-record topic), and a bare query over
+the same source and function step with one action per batch and none of the pipeline's own
+work (persist, routing job, counts), which bounds what the pipeline could reach.
+With --json the last line is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import TopicPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from redrive import kafka
+from redrive.devbroker import DevBroker
+from redrive.policy import Backoff, RetryPolicy
+from redrive.spark.outcomes import PipelineStats
+from redrive.spark.pipeline import RetryPipeline
+from redrive.spark.source import kafka_schema, register
+
+PARTITIONS = 2
+VALUE_BYTES = 100
+ROWS_PER_BATCH = 20_000
+# noida-db ignores fetch.max.bytes and max.partition.fetch.bytes and answers a fetch with the
+# whole backlog of the partitions asked for; above librdkafka's default receive limit (100 MB)
+# a consumer stalls on "Invalid response size". Room for 1M records per connection and more.
+CONSUMER_OVERRIDES: Mapping[str, Any] = {"receive.message.max.bytes": 1_000_000_000}
+GOALS = {"p5": 0.5, "p5c": 0.8, "p6": 0.85}
+BACKOFF = "1h"
+OUTPUT_SCHEMA = "n int"
+FIXED_COST_RECORDS = 2_000
+
+
+# --- the data ------------------------------------------------------------------------------
+
+
+def fill(bootstrap: str, records: int) -> str:
+    topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
+    kafka.create_topics(kafka.admin(bootstrap), {topic: PARTITIONS})
+    producer = kafka.producer(bootstrap, overrides={"linger.ms": 20, "batch.size": 1_000_000})
+    value = b"x" * VALUE_BYTES
+    for i in range(records):
+        kafka.produce(producer, kafka.OutRecord(topic, value, key=b"k%d" % (i % 1000)))
+    if producer.flush(120) != 0:
+        raise SystemExit(f"filling {topic}: records still unconfirmed after 120 s")
+    return topic
+
+
+def fails(offset: int, fail_per_10k: int) -> bool:
+    """A fixed, evenly spread set of offsets whose records fail."""
+    return (offset * 2654435761) % 10_000 < fail_per_10k
+
+
+def handle(record: dict[str, Any], fail_per_10k: int) -> dict[str, Any]:
+    """The user's function: trivial work, failing for a fixed share of the records."""
+    if fails(int(record["offset"]), fail_per_10k):
+        raise ConnectionError("upstream unavailable")
+    return {"n": len(record["value"] or b"")}
+
+
+# --- P5: the source against a raw consumer and a no-broker source ---------------------------
+
+
+def raw_consumer(bootstrap: str, topic: str, records: int) -> float:
+    consumer = kafka.consumer(bootstrap, overrides=CONSUMER_OVERRIDES)
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    seen = 0
+    started = time.perf_counter()
+    try:
+        while seen < records:
+            for message in consumer.consume(10_000, 1.0):
+                if message.error() is None:
+                    seen += 1
+    finally:
+        consumer.close()
+    return records / (time.perf_counter() - started)
+
+
+class MemoryRange(InputPartition):
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+
+class MemoryReader(DataSourceReader):
+    """Builds Arrow batches from Python lists as redrive-kafka does, minus the broker."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def partitions(self) -> list[MemoryRange]:
+        share = self.rows // PARTITIONS
+        return [MemoryRange(share + (1 if p < self.rows % PARTITIONS else 0))
+                for p in range(PARTITIONS)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, MemoryRange)
+        schema = to_arrow_schema(kafka_schema(), timezone="UTC")
+        value = b"x" * VALUE_BYTES
+        now_us = int(time.time() * 1_000_000)
+        done = 0
+        while done < partition.rows:
+            n = min(ROWS_PER_BATCH, partition.rows - done)
+            keys = [b"k%d" % (i % 1000) for i in range(done, done + n)]
+            values = [value] * n
+            offsets = list(range(done, done + n))
+            yield pa.RecordBatch.from_arrays([
+                pa.array(keys, pa.binary()),
+                pa.array(values, pa.binary()),
+                pa.repeat(pa.scalar("memory", pa.string()), n),
+                pa.repeat(pa.scalar(0, pa.int32()), n),
+                pa.array(offsets, pa.int64()),
+                pa.array([now_us] * n, schema.field("timestamp").type),
+                pa.array([0] * n, pa.int32()),
+            ], schema=schema)
+            done += n
+
+
+class MemorySource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "redrive-bench-memory"
+
+    def schema(self) -> StructType:
+        return kafka_schema()
+
+    def reader(self, schema: StructType) -> MemoryReader:
+        return MemoryReader(int(self.options["rows"]))
+
+
+def timed_count(count: Callable[[], int], records: int) -> float:
+    started = time.perf_counter()
+    counted = count()
+    elapsed = time.perf_counter() - started
+    if counted != records:
+        raise SystemExit(f"counted {counted} records, expected {records}")
+    return records / elapsed
+
+
+# --- P6: RetryPipeline with and without routing ---------------------------------------------
+
+
+def noop_sink(frame: Any, batch_id: int) -> None:
+    frame.write.format("noop").mode("append").save()
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    records: int
+    wall_s: float
+    first_batch_s: float
+    first_batch_records: int
+    batches: int
+    routed: int
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.wall_s
+
+
+class Bench:
+    """One SparkSession and one filled topic; each run reads the topic in a new group."""
+
+    def __init__(self, spark: Any, bootstrap: str, topic: str, records: int, workdir: Path,
+                 max_offsets: int) -> None:
+        self.spark = spark
+        self.bootstrap = bootstrap
+        self.connection = {"bootstrap.servers": bootstrap, **CONSUMER_OVERRIDES}
+        self.topic = topic
+        self.records = records
+        self.workdir = workdir
+        self.max_offsets = max_offsets
+
+    def pipeline(self, fail_per_10k: int, sink: Callable[[Any, int], None],
+                 on_batch: Callable[[int, PipelineStats], None] | None = None,
+                 topic: str | None = None) -> RetryPipeline:
+        group = f"bench-{uuid.uuid4().hex[:8]}"
+        return RetryPipeline(
+            self.spark, self.connection, topic or self.topic, group,
+            RetryPolicy(backoff=Backoff.fixed(BACKOFF)),
+            function=partial(handle, fail_per_10k=fail_per_10k),
+            output_schema=OUTPUT_SCHEMA, sink=sink, checkpoint=str(self.workdir / group),
+            trigger_interval="0 seconds", max_offsets_per_trigger=self.max_offsets,
+            on_batch=on_batch)
+
+    def run_pipeline(self, fail_per_10k: int, *, topic: str | None = None,
+                     records: int | None = None) -> PipelineRun:
+        records = self.records if records is None else records
+        marks: list[tuple[float, int]] = []
+
+        def on_batch(batch_id: int, stats: PipelineStats) -> None:
+            marks.append((time.perf_counter(), stats.records))
+
+        pipeline = self.pipeline(fail_per_10k, noop_sink, on_batch, topic)
+        started = time.perf_counter()
+        stats = pipeline.run(until=lambda s: s.records >= records,
+                             timeout_s=300 + records / 1_000, poll_s=0.05)
+        done = [at for at, seen in marks if seen >= records]
+        if not done:
+            raise SystemExit(f"pipeline {pipeline.group} handled {stats.records} of {records} "
+                             "records before its timeout")
+        if stats.records != records or stats.succeeded + stats.retried != records \
+                or stats.early or stats.dead_lettered:
+            raise SystemExit(f"pipeline {pipeline.group}: unexpected outcome {stats}")
+        first_at, first_seen = marks[0]
+        return PipelineRun(records, done[0] - started, first_at - started, first_seen,
+                           len([at for at in marks if at[0] <= done[0]]), stats.retried)
+
+    def run_bare(self) -> float:
+        """Records/s of source -> function step -> one count per batch, nothing else."""
+        pipeline = self.pipeline(0, noop_sink)
+        pipeline.ensure_topics()
+        seen = [0]
+        finished = threading.Event()
+        ended: list[float] = []
+
+        def batch(frame: Any, batch_id: int) -> None:
+            seen[0] += int(pipeline.processed(frame).count())
+            if seen[0] >= self.records and not ended:
+                ended.append(time.perf_counter())
+                finished.set()
+
+        started = time.perf_counter()
+        query = (pipeline.stream().writeStream.foreachBatch(batch)
+                 .option("checkpointLocation", pipeline.checkpoint)
+                 .trigger(processingTime="0 seconds").start())
+        try:
+            deadline = time.monotonic() + 300 + self.records / 1_000
+            while not finished.wait(0.05):
+                if not query.isActive or time.monotonic() > deadline:
+                    raise SystemExit(f"bare query counted {seen[0]} of {self.records} records: "
+                                     f"{query.exception()}")
+        finally:
+            query.stop()
+        if seen[0] != self.records:
+            raise SystemExit(f"bare query counted {seen[0]} records, expected {self.records}")
+        return self.records / (ended[0] - started)
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+def spark_session() -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("redrive-bench-spark")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.memory", "4g")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    session.dataSource.register(MemorySource)
+    return session
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
+            max_offsets: int) -> dict[str, Any]:
+    say(f"filling a {PARTITIONS}-partition topic with {records:,} records of {VALUE_BYTES} "
+        "bytes ...")
+    topic = fill(bootstrap, records)
+    small_topic = fill(bootstrap, FIXED_COST_RECORDS)
+    say("raw consumer ...")
+    raw = median([raw_consumer(bootstrap, topic, records) for _ in range(3)])
+    say("starting Spark ...")
+    spark = spark_session()
+    workdir = Path(tempfile.mkdtemp(prefix="redrive-bench-spark-"))
+    try:
+        def redrive_count(name: str) -> int:
+            return int(spark.read.format("redrive-kafka")
+                       .option("kafka.bootstrap.servers", bootstrap)
+                       .options(**{f"kafka.{k}": str(v) for k, v in CONSUMER_OVERRIDES.items()})
+                       .option("subscribe", name).load().count())
+
+        def memory_count() -> int:
+            return int(spark.read.format("redrive-bench-memory").option("rows", records)
+                       .load().count())
+
+        bench = Bench(spark, bootstrap, topic, records, workdir, max_offsets)
+        say("warming up ...")
+        timed_count(partial(redrive_count, small_topic), FIXED_COST_RECORDS)
+        bench.run_pipeline(fail_per_10k, topic=small_topic, records=FIXED_COST_RECORDS)
+        source_rates: list[float] = []
+        memory_rates: list[float] = []
+        for run in range(runs):
+            say(f"P5/P5c run {run + 1}/{runs} ...")
+            source_rates.append(timed_count(partial(redrive_count, topic), records))
+            memory_rates.append(timed_count(memory_count, records))
+        fixed = median([bench.run_pipeline(0, topic=small_topic,
+                                           records=FIXED_COST_RECORDS).wall_s
+                        for _ in range(2)])
+        plain: list[PipelineRun] = []
+        routed: list[PipelineRun] = []
+        for run in range(runs):
+            # Alternate which goes first, so drift during the runs does not favour either.
+            for fail in (0, fail_per_10k) if run % 2 == 0 else (fail_per_10k, 0):
+                say(f"P6 run {run + 1}/{runs}: {fail / 100:g}% of records failing ...")
+                (routed if fail else plain).append(bench.run_pipeline(fail))
+        say("bare query ...")
+        bare = bench.run_bare()
+    finally:
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    source, memory = median(source_rates), median(memory_rates)
+    plain_rate = median([r.rate for r in plain])
+    routed_rate = median([r.rate for r in routed])
+    return {
+        "p5": source / raw,
+        "p5c": source / memory,
+        "p6": routed_rate / plain_rate,
+        "source_records_per_s": source,
+        "raw_records_per_s": raw,
+        "memory_records_per_s": memory,
+        "pipeline_routed_records_per_s": routed_rate,
+        "pipeline_plain_records_per_s": plain_rate,
+        "pipeline_routed_wall_s": median([r.wall_s for r in routed]),
+        "pipeline_plain_wall_s": median([r.wall_s for r in plain]),
+        "pipeline_batches": max(r.batches for r in plain + routed),
+        "pipeline_first_batch_s": median([r.first_batch_s for r in plain + routed]),
+        "pipeline_fixed_cost_s": fixed,
+        "bare_query_records_per_s": bare,
+        "routed_records": routed[0].routed,
+        "records": records,
+        "runs": runs,
+        "fail_rate": fail_per_10k / 10_000,
+        "p5_runs": [round(s / raw, 3) for s in source_rates],
+        "p5c_runs": [round(s / m, 3) for s, m in zip(source_rates, memory_rates, strict=True)],
+        "p6_runs": [round(r.rate / p.rate, 3) for r, p in zip(routed, plain, strict=True)],
+        "pipeline_plain_wall_s_runs": [round(r.wall_s, 1) for r in plain],
+        "pipeline_routed_wall_s_runs": [round(r.wall_s, 1) for r in routed],
+    }
+
+
+def table(figures: Mapping[str, Any], broker: str) -> str:
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"date: {date}; {figures['records']:,} records of {VALUE_BYTES} bytes in {PARTITIONS} "
+        f"partitions; {broker}; Spark local[2] on {os.cpu_count()} CPUs; "
+        f"median of {figures['runs']} runs",
+        "",
+        f"{'figure':<62}{'value':>12}{'goal':>10}",
+        f"{'P5   redrive-kafka source count / raw consumer':<62}{figures['p5']:>12.3f}"
+        f"{'>= ' + str(GOALS['p5']):>10}",
+        f"{'P5c  redrive-kafka source count / in-memory Python source':<62}"
+        f"{figures['p5c']:>12.3f}{'>= ' + str(GOALS['p5c']):>10}",
+        f"{'P6   RetryPipeline routing {:g}% / no routing'.format(figures['fail_rate'] * 100):<62}"
+        f"{figures['p6']:>12.3f}{'>= ' + str(GOALS['p6']):>10}",
+        "",
+        f"{'measure':<62}{'records/s':>12}",
+    ]
+    rows = [
+        ("redrive-kafka batch read, count()", "source_records_per_s"),
+        ("raw confluent-kafka consumer", "raw_records_per_s"),
+        ("in-memory Python data source, count()", "memory_records_per_s"),
+        ("RetryPipeline, failures routed to retry topic (1h)", "pipeline_routed_records_per_s"),
+        ("RetryPipeline, no failures", "pipeline_plain_records_per_s"),
+        ("bare query: source, function step, one count per batch",
+         "bare_query_records_per_s"),
+    ]
+    lines += [f"{label:<62}{figures[key]:>12,.0f}" for label, key in rows]
+    lines += [
+        "",
+        f"pipeline wall time: {figures['pipeline_plain_wall_s']:.1f} s without routing, "
+        f"{figures['pipeline_routed_wall_s']:.1f} s with {figures['routed_records']:,} "
+        f"records routed; {figures['pipeline_batches']} micro-batch(es) per run; "
+        f"query start to first batch done {figures['pipeline_first_batch_s']:.1f} s",
+        f"pipeline fixed cost per query (start + one {FIXED_COST_RECORDS:,}-record batch): "
+        f"{figures['pipeline_fixed_cost_s']:.1f} s",
+        f"per run: P5 {figures['p5_runs']}  P5c {figures['p5c_runs']}  P6 {figures['p6_runs']}",
+        f"pipeline wall s per run: no routing {figures['pipeline_plain_wall_s_runs']}, "
+        f"routing {figures['pipeline_routed_wall_s_runs']}",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--bootstrap", help="use this cluster instead of starting noida-db")
+    parser.add_argument("--quick", action="store_true", help="100k records instead of 1M")
+    parser.add_argument("--records", type=int, help="records to fill the topic with")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (median)")
+    parser.add_argument("--fail-rate", type=float, default=0.05,
+                        help="share of records the routed pipeline's function fails")
+    parser.add_argument("--max-offsets", type=int,
+                        help="maxOffsetsPerTrigger of the pipelines (default: all records)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON last")
+    args = parser.parse_args()
+    records = args.records or (100_000 if args.quick else 1_000_000)
+    if records < PARTITIONS or args.runs < 1 or not 0 < args.fail_rate < 1:
+        parser.error("need --records >= 2, --runs >= 1 and 0 < --fail-rate < 1")
+    broker = None if args.bootstrap else DevBroker("noida-db").start(timeout_s=60.0)
+    try:
+        figures = measure(broker.bootstrap if broker is not None else args.bootstrap,
+                          records, args.runs, round(args.fail_rate * 10_000),
+                          args.max_offsets or records)
+    finally:
+        if broker is not None:
+            broker.close()
+    print(table(figures, "noida-db 0.2.3" if broker is not None else "external cluster"))
+    if args.json:
+        print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
