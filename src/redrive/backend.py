@@ -34,6 +34,9 @@ class BoundBackend(abc.ABC):
     """A backend bound to one runtime's group; one batch at a time, from one thread."""
 
     transactions_supported = True
+    # True when admit() must see every record in order, as it is handled (per-key ordering):
+    # runtimes that handle a batch's records in parallel cannot offer that.
+    sequential = False
 
     def consumed_topics(self, plan: topics.TopicPlan) -> list[str]:
         """The topics the group reads for one main topic."""

@@ -18,10 +18,14 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from redrive import headers as h
 from redrive import kafka, topics
-from redrive.errors import InvalidPolicy
+from redrive.backend import RetryBackend, RetryTopics, Verdict
+from redrive.errors import InvalidArgument, InvalidPolicy, MalformedHeader
 from redrive.metrics import Metrics
 from redrive.policy import RetryPolicy
+from redrive.record import Record
+from redrive.routing import DeadLetter, Retry, Route
 from redrive.spark import tasks
 from redrive.spark.outcomes import PipelineStats
 from redrive.spark.writer import write_to_kafka
@@ -52,6 +56,7 @@ class RetryPipeline:
         max_offsets_per_trigger: int | None = None,
         metrics_port: int | None = None,
         on_batch: Callable[[int, PipelineStats], None] | None = None,
+        retry_backend: RetryBackend | None = None,
     ) -> None:
         from pyspark.sql.types import StructType
 
@@ -80,6 +85,22 @@ class RetryPipeline:
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.on_batch = on_batch
         self.plans = topics.plans(policy, self.main_topics, self.group)
+        if retry_backend is not None and not isinstance(retry_backend, RetryBackend):
+            raise InvalidArgument("retry_backend", retry_backend,
+                                  "must be a RetryBackend (RetryTopics() or a StoreBackend)")
+        self.retry_backend = retry_backend if retry_backend is not None else RetryTopics()
+        self._backend = self.retry_backend.bind(self.group)
+        if self._backend.sequential:
+            raise InvalidArgument("retry_backend", self.retry_backend,
+                                  "per-key ordering needs records handled one by one in order; "
+                                  "a Spark batch handles them in parallel (use RetryingConsumer)")
+        self._topics_backend = isinstance(self.retry_backend, RetryTopics)
+        policies = {self._backend.policy_for(topic, policy) for topic in self.main_topics}
+        if len(policies) > 1:
+            raise InvalidArgument("retry_backend", self.retry_backend,
+                                  "one pipeline routes with one policy; its topics have several")
+        self.route_policy = policies.pop()
+        self._producer: Any = None
         self.stats = PipelineStats()
         self.metrics = Metrics("spark", self.group)
         if metrics_port is not None:
@@ -92,15 +113,15 @@ class RetryPipeline:
     # --- set-up ------------------------------------------------------------------------------
 
     def ensure_topics(self) -> None:
-        """Create the retry and dead-letter topics, with the main topic's partition count."""
+        """Create what the retry backend needs: by default the retry and dead-letter topics."""
         admin = kafka.admin(self.connection)
-        for plan in self.plans.values():
-            topics.ensure_topics(admin, plan)
+        self._backend.prepare(admin, self.plans)
         self._partitions = kafka.topic_partitions(admin)
 
     @property
     def consumed_topics(self) -> list[str]:
-        return [name for plan in self.plans.values() for name in plan.consumed_topics]
+        return [name for plan in self.plans.values()
+                for name in self._backend.consumed_topics(plan)]
 
     def source_options(self) -> dict[str, str]:
         config = kafka.client_config(self.connection)
@@ -110,10 +131,14 @@ class RetryPipeline:
             "startingOffsets": self.starting_offsets,
             "includeHeaders": "true",
             "redrive.group": self.group,
-            # Only retry copies carry due times; scanning the main topics would only cost.
-            "redrive.gatedTopics": ",".join(name for plan in self.plans.values()
-                                            for name in plan.retry_topic_names),
         })
+        gated = [name for name in self.consumed_topics if name not in self.main_topics]
+        if self._topics_backend and gated:
+            # Only retry copies carry due times; scanning the main topics would only cost.
+            options["redrive.gatedTopics"] = ",".join(gated)
+        else:
+            # A store's scheduler publishes a copy only once it is due.
+            options["redrive.gate"] = "false"
         if self.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         return options
@@ -137,7 +162,7 @@ class RetryPipeline:
         self._query = writer.start()
         return self._query
 
-    def processed(self, frame: Any) -> Any:
+    def processed(self, frame: Any, skip: dict[tasks.Coordinates, str] | None = None) -> Any:
         """The batch with each record's outcome: status, error columns and the user's output."""
         from pyspark.sql.pandas.types import to_arrow_type
         from pyspark.sql.types import (
@@ -157,33 +182,86 @@ class RetryPipeline:
         body = partial(tasks.process_batches, record_function=self.function,
                        batch_function=self.batch_function, error_column=self.error_column,
                        policy=self.policy, group=self.group,
-                       output_type=to_arrow_type(self.output_schema))
+                       output_type=to_arrow_type(self.output_schema), skip=skip or {})
         return frame.mapInArrow(body, schema)
 
     def _handle_batch(self, frame: Any, batch_id: int) -> None:
+        if self._topics_backend:
+            self._handle(frame, batch_id, {})
+        else:
+            frame = frame.persist()
+            try:
+                self._handle(frame, batch_id, self._admit(frame))
+                self._backend.flush()  # outcomes stored before Spark commits the batch
+            except BaseException:
+                self._backend.discard()
+                raise
+            finally:
+                frame.unpersist()
+        self.stats.batches += 1
+        if self.on_batch is not None:
+            self.on_batch(batch_id, self.stats)
+
+    def _handle(self, frame: Any, batch_id: int, skip: dict[tasks.Coordinates, str]) -> None:
         from pyspark.sql import functions as F
 
-        processed = self.processed(frame).persist()
+        processed = self.processed(frame, skip).persist()
         try:
             self._write_sink(processed.where(F.col("status") == tasks.OK).select("output.*"),
                              batch_id)
             failed, with_due = self._count_processed(processed)
             if failed:
-                self._route_failures(processed.where(F.col("status") == tasks.FAILED))
+                failures = processed.where(F.col("status") == tasks.FAILED)
+                if self._topics_backend:
+                    self._route_failures(failures)
+                else:
+                    self._route_to_backend(failures)
+            if not self._topics_backend:
+                for record in _records(processed.where((F.col("status") == tasks.OK)
+                                                       & _has_redrive())):
+                    self._backend.succeeded(record)
             if with_due:
                 self._observe_lateness(processed)
         finally:
             processed.unpersist()
-        self.stats.batches += 1
-        if self.on_batch is not None:
-            self.on_batch(batch_id, self.stats)
+
+    def _admit(self, frame: Any) -> dict[tasks.Coordinates, str]:
+        """Ask the backend, in offset order, which copies it has already seen an outcome for."""
+        refused: dict[tasks.Coordinates, str] = {}
+        for record in sorted(_records(frame.where(_has_redrive())),
+                             key=lambda r: (r.topic, r.partition, r.offset)):
+            verdict = self._backend.admit(record)
+            if verdict is not Verdict.PROCESS:
+                refused[(record.topic, record.partition, record.offset)] = verdict.value
+        return refused
+
+    def _route_to_backend(self, failed: Any) -> None:
+        """Route on executors, then hand each decision to the backend on the driver."""
+        routed = failed.mapInArrow(
+            partial(tasks.route_batches, policy=self.route_policy, group=self.group,
+                    partitions=dict(self._partitions)),
+            _routed_schema()).collect()
+        copies: list[kafka.OutRecord] = []
+        for row in routed:
+            pairs = [(pair["key"], bytes(pair["value"])) for pair in row["headers"]]
+            decision = _decision(row, pairs)
+            record = Record(row["topic"] or "", -1, -1, -1, _bytes(row["key"]),
+                            _bytes(row["value"]), pairs, h.read_delivery(pairs))
+            copy = self._backend.failed(record, decision, self._partitions)
+            if copy is not None:
+                copies.append(copy)
+            self._count_route(row["kind"], row["topic"], row["reason"], row["attempt"], 1)
+        if copies:
+            if self._producer is None:
+                self._producer = kafka.producer(self.connection)
+            kafka.produce_confirmed(self._producer, copies)
 
     def _route_failures(self, failed: Any) -> None:
         """Copy failed records to their retry or dead-letter topic; raise unless all confirmed."""
         from pyspark.sql import functions as F
 
         routed = failed.mapInArrow(
-            partial(tasks.route_batches, policy=self.policy, group=self.group,
+            partial(tasks.route_batches, policy=self.route_policy, group=self.group,
                     partitions=dict(self._partitions)),
             _routed_schema()).persist()
         try:
@@ -207,7 +285,7 @@ class RetryPipeline:
         from pyspark.sql import functions as F
 
         early = F.when(F.col("due_ms").isNotNull() & (F.col("handled_ms") < F.col("due_ms")), 1)
-        rows = (processed.groupBy("status", "attempt", "topic")
+        rows = (processed.groupBy("status", "attempt", "topic", "skip_reason")
                 .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"),
                      F.sum("in_place").alias("in_place"), F.count("due_ms").alias("due"))
                 .collect())
@@ -222,22 +300,27 @@ class RetryPipeline:
                 self.metrics.processed(row["topic"], row["n"])
             elif row["status"] == tasks.SKIPPED:
                 stats.skipped += row["n"]
-                self.metrics.skipped(row["topic"], "other-group", row["n"])
+                self.metrics.skipped(row["topic"], row["skip_reason"], row["n"])
             else:
                 failed += row["n"]
         return failed, with_due
 
     def _count_routed(self, routed: Any) -> None:
-        stats = self.stats
         for row in routed.groupBy("kind", "reason", "attempt", "topic").count().collect():
-            if row["kind"] == "retry":
-                self.metrics.retried(row["topic"], row["attempt"], row["count"])
-                stats.retried_by_attempt[row["attempt"]] += row["count"]
-            elif row["topic"] is None:
-                stats.dropped_by_reason[row["reason"]] += row["count"]
-            else:
-                self.metrics.dead_lettered(row["topic"], row["reason"], row["count"])
-                stats.dead_lettered_by_reason[row["reason"]] += row["count"]
+            self._count_route(row["kind"], row["topic"], row["reason"], row["attempt"],
+                              row["count"])
+
+    def _count_route(self, kind: str, topic: str | None, reason: str | None, attempt: int,
+                     count: int) -> None:
+        stats = self.stats
+        if kind == "retry":
+            self.metrics.retried(topic or "", attempt, count)
+            stats.retried_by_attempt[attempt] += count
+        elif topic is None:
+            stats.dropped_by_reason[reason or ""] += count
+        else:
+            self.metrics.dead_lettered(topic, reason or "", count)
+            stats.dead_lettered_by_reason[reason or ""] += count
 
     def _observe_lateness(self, processed: Any) -> None:
         from pyspark.sql import functions as F
@@ -290,6 +373,39 @@ class RetryPipeline:
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         query.stop()
+
+
+def _has_redrive() -> Any:
+    from pyspark.sql import functions as F
+
+    return F.exists("headers", lambda pair: pair["key"].startswith(h.PREFIX))
+
+
+def _records(frame: Any) -> list[Record]:
+    """Rows of the batch as Records, for the backend on the driver (malformed ones left out)."""
+    records = []
+    for row in frame.select("topic", "partition", "offset", "timestamp", "key", "value",
+                            "headers").collect():
+        record = tasks.record_of(row.asDict())
+        try:
+            delivery = h.read_delivery(record.headers)
+        except MalformedHeader:
+            continue  # the executor step failed it as malformed; routing dead-letters it
+        records.append(Record(record.topic, record.partition, record.offset,
+                              record.timestamp_ms, record.key, record.value, record.headers,
+                              delivery))
+    return records
+
+
+def _decision(row: Any, pairs: list[tuple[str, bytes]]) -> Route:
+    if row["kind"] == "retry":
+        return Retry(row["topic"], h.read_due(pairs) or 0, pairs, row["attempt"],
+                     row["partition"])
+    return DeadLetter(row["topic"], pairs, row["reason"], row["attempt"], row["partition"])
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
 
 
 def _routed_schema() -> Any:

@@ -35,6 +35,7 @@ STATUS_COLUMNS = [
     ("due_ms", pa.int64()),
     ("handled_ms", pa.int64()),
     ("in_place", pa.int32()),
+    ("skip_reason", pa.string()),
     ("error_type", pa.string()),
     ("error_message", pa.string()),
     ("error_trace", pa.string()),
@@ -85,6 +86,11 @@ class Outcome:
     output: Mapping[str, Any] | None = None
     error: ErrorInfo | None = None
     in_place: int = 0
+    skip_reason: str | None = None
+
+
+OTHER_GROUP = "other-group"
+Coordinates = tuple[str, int, int]
 
 
 def _error_columns(error: ErrorInfo | None) -> dict[str, Any]:
@@ -126,12 +132,17 @@ class Result:
     attempt: int
 
 
-def admit(row: Mapping[str, Any], group: str) -> tuple[Record, Outcome | None]:
+def admit(row: Mapping[str, Any], group: str,
+          skip: Mapping[Coordinates, str]) -> tuple[Record, Outcome | None]:
     """The row as a Record with its history, and an outcome if it is not to be handled.
 
-    Headers are decoded once here: most records carry no redrive header at all.
+    Headers are decoded once here: most records carry no redrive header at all. `skip` holds the
+    records the retry backend refused on the driver (duplicates, records parked behind a key).
     """
     record = record_of(row)
+    refused = skip.get((record.topic, record.partition, record.offset)) if skip else None
+    if refused is not None:
+        return record, Outcome(SKIPPED, skip_reason=refused)
     if not h.has_redrive(record.headers):
         return record, None
     try:
@@ -141,15 +152,16 @@ def admit(row: Mapping[str, Any], group: str) -> tuple[Record, Outcome | None]:
     record = Record(record.topic, record.partition, record.offset, record.timestamp_ms,
                     record.key, record.value, record.headers, delivery)
     if delivery.group is not None and delivery.group != group:
-        return record, Outcome(SKIPPED)
+        return record, Outcome(SKIPPED, skip_reason=OTHER_GROUP)
     return record, None
 
 
 def process_rows(rows: Sequence[Mapping[str, Any]], function: RecordFunction,
-                 policy: RetryPolicy, group: str) -> list[Result]:
+                 policy: RetryPolicy, group: str,
+                 skip: Mapping[Coordinates, str] | None = None) -> list[Result]:
     results: list[Result] = []
     for row in rows:
-        record, early = admit(row, group)
+        record, early = admit(row, group, skip or {})
         delivery = record.delivery
         if early is None:
             handled = _now_ms()
@@ -165,11 +177,12 @@ def _apply(function: RecordFunction, record: Record) -> Mapping[str, Any]:
 
 
 def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, error_column: str,
-                  policy: RetryPolicy, group: str) -> list[Result]:
+                  policy: RetryPolicy, group: str,
+                  skip: Mapping[Coordinates, str] | None = None) -> list[Result]:
     """The vectorized form: one pandas call per Arrow batch, with an error column per row."""
     import pandas as pd
 
-    admitted = [admit(row, group) for row in rows]
+    admitted = [admit(row, group, skip or {}) for row in rows]
     outcomes: list[Outcome | None] = [early for _, early in admitted]
     handled_rows = [index for index, early in enumerate(outcomes) if early is None]
     handled = _now_ms()
@@ -202,16 +215,16 @@ def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, er
 
 def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: RecordFunction | None,
                     batch_function: BatchFunction | None, error_column: str,
-                    policy: RetryPolicy, group: str,
-                    output_type: pa.StructType) -> Iterator[pa.RecordBatch]:
+                    policy: RetryPolicy, group: str, output_type: pa.StructType,
+                    skip: Mapping[Coordinates, str] | None = None) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: the source columns, then status, error and the user's output struct."""
     for batch in batches:
         rows = batch.to_pylist()
         if batch_function is not None:
-            results = process_frame(rows, batch_function, error_column, policy, group)
+            results = process_frame(rows, batch_function, error_column, policy, group, skip)
         else:
             assert record_function is not None
-            results = process_rows(rows, record_function, policy, group)
+            results = process_rows(rows, record_function, policy, group, skip)
         columns: dict[str, list[Any]] = {name: [] for name, _ in STATUS_COLUMNS}
         outputs: list[Mapping[str, Any] | None] = []
         for result in results:
@@ -221,6 +234,7 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
             columns["due_ms"].append(result.due_ms)
             columns["handled_ms"].append(result.handled_ms)
             columns["in_place"].append(outcome.in_place)
+            columns["skip_reason"].append(outcome.skip_reason)
             for name, value in _error_columns(outcome.error).items():
                 columns[name].append(value)
             outputs.append(_conform(outcome.output, output_type))

@@ -64,6 +64,7 @@ class _StoreBound(BoundBackend):
         self.backend = backend
         self.store = backend.store
         self.group = group
+        self.sequential = backend.ordering
         self._entries: list[Entry] = []
         self._successes: list[Success] = []
         self._seen: set[tuple[str, int, int]] = set()  # origins with an outcome in this batch
