@@ -87,6 +87,7 @@ class _Partition:
     tier: Tier
     held_offset: int | None = None  # the first record not yet due; the partition is paused
     resume_at_ms: int = 0
+    waiting_since_ms: int = 0  # when the held record entered its tier
 
 
 @dataclass
@@ -218,19 +219,21 @@ class DelayService:
         consumer.resume(partitions)
         for tp in partitions:
             self._state[(tp.topic, tp.partition)] = _Partition(self.tiers.by_topic(tp.topic))
-        self.metrics.rebalanced("assigned")
+        self.metrics.rebalanced("assign")
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
         self._report_paused()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self._state.pop((tp.topic, tp.partition), None)
-        self.metrics.rebalanced("revoked")
+        self.metrics.rebalanced("revoke")
         self._report_paused()
 
     def _report_paused(self) -> None:
-        self.metrics.paused_partitions(
-            sum(1 for state in self._state.values() if state.held_offset is not None))
+        held = [state for state in self._state.values() if state.held_offset is not None]
+        self.metrics.paused_partitions(len(held))
+        oldest = min((state.waiting_since_ms for state in held), default=None)
+        self.metrics.oldest_pending_retry(0.0 if oldest is None else (now_ms() - oldest) / 1000)
 
     # --- one poll ---------------------------------------------------------------------------
 
@@ -239,6 +242,7 @@ class DelayService:
         self._resume_due(now_ms())
         first = consumer.poll(self._poll_timeout_s(now_ms()))
         if first is None:
+            self._report_paused()  # the oldest held record's age grows while nothing arrives
             return
         # poll returns at the first record; draining what else is already fetched batches the
         # transaction without waiting for more.
@@ -295,7 +299,7 @@ class DelayService:
                 last = run[admission.count - 1]
                 batch.offsets.append(TopicPartition(key[0], key[1], int(last.offset() or 0) + 1))
             if admission.next_due_ms is not None:
-                self._hold(key, state, int(run[admission.count].offset() or 0),
+                self._hold(key, state, run[admission.count],
                            admission.next_due_ms)
         self._report_paused()
         return batch
@@ -385,13 +389,15 @@ class DelayService:
         return kafka.OutRecord(self.tiers.dead_letter, message.value(), message.key(),
                                dead_headers, timestamp_ms=now)
 
-    def _hold(self, key: Key, state: _Partition, offset: int, due_ms: int) -> None:
+    def _hold(self, key: Key, state: _Partition, message: Message, due_ms: int) -> None:
         consumer = self._clients()[0]
+        offset = int(message.offset() or 0)
         tp = TopicPartition(key[0], key[1], offset)
         consumer.pause([tp])
         consumer.seek(tp)
         state.held_offset = offset
         state.resume_at_ms = due_ms
+        state.waiting_since_ms = message.timestamp()[1]
 
     # --- forwarding -------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from redrive.spark.writer import write_to_kafka
 Sink = Callable[[Any, int], None] | str
 # Lateness is observed for at most this many retried records per batch: enough for quantiles.
 _LATENESS_SAMPLE = 2_000
+_HANDLER_SAMPLE = 500
 
 
 class RetryPipeline:
@@ -85,6 +86,9 @@ class RetryPipeline:
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.on_batch = on_batch
         self.plans = topics.plans(policy, self.main_topics, self.group)
+        # Metrics are labelled by main topic, as in every runtime, whichever topic a record is on.
+        self._main_of = {name: plan.topic for plan in self.plans.values()
+                         for name in [*plan.consumed_topics, *plan.created_topics]}
         if retry_backend is not None and not isinstance(retry_backend, RetryBackend):
             raise InvalidArgument("retry_backend", retry_backend,
                                   "must be a RetryBackend (RetryTopics() or a StoreBackend)")
@@ -174,7 +178,8 @@ class RetryPipeline:
         )
 
         spark_types = {"status": StringType(), "attempt": IntegerType(), "due_ms": LongType(),
-                       "handled_ms": LongType(), "in_place": IntegerType()}
+                       "handled_ms": LongType(), "in_place": IntegerType(),
+                       "handler_us": LongType()}
         extra = [StructField(name, spark_types.get(name, StringType()))
                  for name, _ in tasks.STATUS_COLUMNS]
         schema = StructType([*frame.schema.fields, *extra,
@@ -222,6 +227,7 @@ class RetryPipeline:
                     self._backend.succeeded(record)
             if with_due:
                 self._observe_lateness(processed)
+            self._observe_handler_time(processed)
         finally:
             processed.unpersist()
 
@@ -297,10 +303,10 @@ class RetryPipeline:
             stats.in_place_retries += row["in_place"] or 0
             if row["status"] == tasks.OK:
                 stats.succeeded_by_retries[row["attempt"]] += row["n"]
-                self.metrics.processed(row["topic"], row["n"])
+                self.metrics.processed(self._main(row["topic"]), row["n"])
             elif row["status"] == tasks.SKIPPED:
                 stats.skipped += row["n"]
-                self.metrics.skipped(row["topic"], row["skip_reason"], row["n"])
+                self.metrics.skipped(self._main(row["topic"]), row["skip_reason"], row["n"])
             else:
                 failed += row["n"]
         return failed, with_due
@@ -314,13 +320,23 @@ class RetryPipeline:
                      count: int) -> None:
         stats = self.stats
         if kind == "retry":
-            self.metrics.retried(topic or "", attempt, count)
+            self.metrics.retried(self._main(topic or ""), attempt, count)
             stats.retried_by_attempt[attempt] += count
         elif topic is None:
             stats.dropped_by_reason[reason or ""] += count
         else:
-            self.metrics.dead_lettered(topic, reason or "", count)
+            self.metrics.dead_lettered(self._main(topic), reason or "", count)
             stats.dead_lettered_by_reason[reason or ""] += count
+
+    def _main(self, topic: str) -> str:
+        return self._main_of.get(topic, topic)
+
+    def _observe_handler_time(self, processed: Any) -> None:
+        from pyspark.sql import functions as F
+
+        for row in (processed.where(F.col("handler_us").isNotNull()).select("handler_us")
+                    .limit(_HANDLER_SAMPLE).collect()):
+            self.metrics.handler_took(row["handler_us"] / 1_000_000)
 
     def _observe_lateness(self, processed: Any) -> None:
         from pyspark.sql import functions as F

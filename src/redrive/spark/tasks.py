@@ -36,6 +36,7 @@ STATUS_COLUMNS = [
     ("handled_ms", pa.int64()),
     ("in_place", pa.int32()),
     ("skip_reason", pa.string()),
+    ("handler_us", pa.int64()),
     ("error_type", pa.string()),
     ("error_message", pa.string()),
     ("error_trace", pa.string()),
@@ -130,6 +131,7 @@ class Result:
     due_ms: int | None
     handled_ms: int
     attempt: int
+    handler_us: int | None = None  # time in the user's function, in-place retries included
 
 
 def admit(row: Mapping[str, Any], group: str,
@@ -163,12 +165,13 @@ def process_rows(rows: Sequence[Mapping[str, Any]], function: RecordFunction,
     for row in rows:
         record, early = admit(row, group, skip or {})
         delivery = record.delivery
+        handled = _now_ms()
+        took: int | None = None
         if early is None:
-            handled = _now_ms()
+            started = time.perf_counter_ns()
             early = call_with_in_place(partial(_apply, function, record), policy)
-        else:
-            handled = _now_ms()
-        results.append(Result(early, delivery.due_ms, handled, delivery.attempt))
+            took = (time.perf_counter_ns() - started) // 1000
+        results.append(Result(early, delivery.due_ms, handled, delivery.attempt, took))
     return results
 
 
@@ -186,8 +189,10 @@ def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, er
     outcomes: list[Outcome | None] = [early for _, early in admitted]
     handled_rows = [index for index, early in enumerate(outcomes) if early is None]
     handled = _now_ms()
+    took: int | None = None
     if handled_rows:
         inputs = [user_input(admitted[index][0]) for index in handled_rows]
+        started = time.perf_counter_ns()
         try:
             frame = function(pd.DataFrame(inputs))
             if len(frame) != len(inputs):
@@ -205,11 +210,13 @@ def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, er
             failure = Outcome(FAILED, error=ErrorInfo.from_exception(exc))
             for index in handled_rows:
                 outcomes[index] = failure
+        # one call for the whole batch: each row is charged its share
+        took = (time.perf_counter_ns() - started) // 1000 // len(handled_rows)
     results: list[Result] = []
-    for (record, _), outcome in zip(admitted, outcomes, strict=True):
+    for (record, early), outcome in zip(admitted, outcomes, strict=True):
         assert outcome is not None
         results.append(Result(outcome, record.delivery.due_ms, handled,
-                              record.delivery.attempt))
+                              record.delivery.attempt, took if early is None else None))
     return results
 
 
@@ -235,6 +242,7 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
             columns["handled_ms"].append(result.handled_ms)
             columns["in_place"].append(outcome.in_place)
             columns["skip_reason"].append(outcome.skip_reason)
+            columns["handler_us"].append(result.handler_us)
             for name, value in _error_columns(outcome.error).items():
                 columns[name].append(value)
             outputs.append(_conform(outcome.output, output_type))

@@ -100,6 +100,10 @@ class Scheduler:
         """Publish what is due now (up to batch_size rows) and deliver pending notifications."""
         with self.store.take_due(self.batch_size) as batch:
             published, expired, lateness = self._dispatch(batch)
+        oldest = self.store.oldest_pending_due_ms()
+        # How long the most overdue retry has waited past its due time (0 when none is due).
+        self.metrics.oldest_pending_retry(0.0 if oldest is None
+                                          else max(0, now_ms() - oldest) / 1000)
         notified = self.notifier.deliver(self.store)
         return Pass(published, expired, notified, tuple(lateness))
 
@@ -117,6 +121,8 @@ class Scheduler:
         at = now_ms()
         batch.mark_dead(gone, EXPIRED, "the record is no longer in Kafka (retention or "
                         "compaction removed it) so it cannot be retried", at)
+        for row in gone:
+            self.metrics.dead_lettered(row.topic, EXPIRED)
         if out:
             kafka.produce_confirmed(self._require_producer(), [o for _, o in out],
                                     self.timeout_s)

@@ -457,6 +457,13 @@ class RetryStore:
         with self._begin(read_only=True) as conn:
             return {status: int(n) for status, n in conn.execute(query)}
 
+    def oldest_pending_due_ms(self) -> int | None:
+        """The earliest due time among pending rows (indexed: the scheduler asks every pass)."""
+        query = select(func.min(retries.c.due_ms)).where(retries.c.status == PENDING)
+        with self._begin(read_only=True) as conn:
+            found = conn.execute(query).scalar()
+        return None if found is None else int(found)
+
     def requeue(self, where: Filter, *, due_ms: int | None = None,
                 reset_attempts: bool = False) -> int:
         """Make matching dead, cancelled, pending or in-flight rows pending again, due at

@@ -54,7 +54,7 @@ def running(service: DelayService, timeout_s: float = 30.0) -> Iterator[DelaySer
     thread = threading.Thread(target=run, name="delay-service", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
-    while service.metrics.value("redrive_rebalances_total", kind="assigned") < 1:
+    while service.metrics.value("redrive_rebalances_total", kind="assign") < 1:
         assert thread.is_alive(), f"the service stopped: {failure}"
         assert time.monotonic() < deadline, "the service got no partitions"
         time.sleep(0.05)

@@ -217,3 +217,23 @@ def test_two_instances_split_the_partitions_and_deliver_everything_once(
               for service in (first, second)]
     assert sum(shares) == len(values)
     assert min(shares) > 0, f"one instance forwarded nothing: {shares}"
+
+
+def test_held_partitions_and_the_oldest_waiting_record_are_reported(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName) -> None:
+    target = new_topic()
+    service = DelayService(bootstrap, tiers, instance_id=unique_name("i"), partitions=1,
+                           group_id=unique_name("g"))
+    with running(service):
+        producer = warm_producer(bootstrap, new_topic())
+        # one hop on the 5 s tier: the record waits there from the moment it was scheduled
+        schedule(producer, target, b"later", tiers=tiers, delay=5.0)
+        assert producer.flush(10) == 0
+        deadline = time.monotonic() + 10
+        while service.metrics.value("redrive_paused_partitions") < 1:
+            assert time.monotonic() < deadline, "the service never held the record"
+            time.sleep(0.05)
+        time.sleep(1.0)
+        waited = service.metrics.value("redrive_oldest_pending_retry_seconds")
+        assert 0.9 <= waited < 5.0
+        assert service.metrics.value("redrive_rebalances_total", kind="assign") >= 1

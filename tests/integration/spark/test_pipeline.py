@@ -90,6 +90,12 @@ def test_full_cycle_retry_when_due_then_success_and_dead_letters(
     assert stats.early == 0
     assert stats.retried_by_attempt == {1: 12, 2: 6}
     assert stats.dead_lettered_by_reason == {"not-retryable": 3, "exhausted": 2}
+    # 35 first deliveries and 18 retries (fail1 once, fail2 twice, forever twice) were handled;
+    # the 18 retries carried due times
+    assert pipeline.metrics.value("redrive_handler_seconds_count") == 53
+    assert pipeline.metrics.value("redrive_lateness_seconds_count") == 18
+    assert pipeline.metrics.value("redrive_retried_total", topic=topic, attempt="1") == 12
+    assert pipeline.metrics.value("redrive_processed_total", topic=topic) == 30
 
     dead = read_all(bootstrap, f"{topic}.{group}.dlt")
     assert len(dead) == 5

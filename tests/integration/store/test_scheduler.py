@@ -190,8 +190,11 @@ def test_a_reference_gone_by_retention_dies_as_expired_and_is_notified(
     for future in admin.delete_records([TopicPartition(topic, 0, 2)]).values():
         future.result(timeout=10)
     dead: list[StoredRetry] = []
-    done = scheduler(store, bootstrap, on_dead=[dead.append]).run_once()
+    runner = scheduler(store, bootstrap, on_dead=[dead.append])
+    done = runner.run_once()
     assert (done.published, done.expired, done.notified) == (2, 2, 2)
+    assert runner.metrics.value("redrive_dead_lettered_total", topic=topic,
+                                reason="expired") == 2
     rows = {r.offset: r for r in store.find(Filter(group=group))}
     assert [rows[o].reason for o in range(4)] == ["expired", "expired", None, None]
     assert [rows[o].status for o in range(4)] == [DEAD, DEAD, "in-flight", "in-flight"]
@@ -259,3 +262,18 @@ def test_every_dead_record_is_notified_once_by_hook_and_webhook(
     assert again.run_once().notified == 1
     with pytest.raises(InvalidArgument, match="invalid webhook='ftp://x'"):
         Scheduler(store, bootstrap, webhook="ftp://x")
+
+
+def test_the_oldest_overdue_retry_is_reported(store: RetryStore, bootstrap: str,
+                                              new_topic: NewTopic,
+                                              unique_name: UniqueName) -> None:
+    topic, group = new_topic(), unique_name("overdue")
+    store.write([entry(group, topic, o, due_ms=now_ms() - 60_000 + o) for o in range(3)], [])
+    runner = scheduler(store, bootstrap, batch_size=1)
+    runner.run_once()  # publishes the most overdue row; two stay pending, ~60 s overdue
+    overdue = runner.metrics.value("redrive_oldest_pending_retry_seconds")
+    assert 59 <= overdue < 120
+    runner.run_once()
+    runner.run_once()
+    assert runner.metrics.value("redrive_oldest_pending_retry_seconds") == 0
+    runner.close()

@@ -79,6 +79,8 @@ def test_records_of_another_group_are_skipped_and_malformed_ones_fail() -> None:
 
     rows = run([{"headers": other}, {"headers": broken}, {}], function)
     assert [r["status"] for r in rows] == ["skipped", "failed", "ok"]
+    assert rows[0]["skip_reason"] == "other-group"
+    assert [r["handler_us"] is not None for r in rows] == [False, False, True]
     assert rows[1]["error_type"] == "redrive.errors.MalformedHeader"
     assert seen == [2]
 
@@ -145,3 +147,12 @@ def test_vectorized_function_that_raises_fails_every_row() -> None:
                                                        (6, 5, True)])
 def test_early_detection(due: int | None, handled: int, early: bool) -> None:
     assert tasks.is_early(due, handled) is early
+
+
+def test_records_the_backend_refused_are_skipped_with_its_reason() -> None:
+    out = next(iter(tasks.process_batches(iter([batch([{}, {}])]), record_function=lambda r: {},
+                                     batch_function=None, error_column="error", policy=POLICY,
+                                     group="g", output_type=OUTPUT,
+                                     skip={("orders", 0, 1): "duplicate"}))).to_pylist()
+    assert [(r["status"], r["skip_reason"]) for r in out] == [("ok", None),
+                                                              ("skipped", "duplicate")]
