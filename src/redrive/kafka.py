@@ -221,7 +221,13 @@ def watermarks(consumer_: Consumer, topic: str, partition: int,
 
 
 def message_headers(message: Message) -> list[tuple[str, bytes]]:
-    raw: Any = message.headers() or []
+    return normalize_headers(message.headers())
+
+
+def normalize_headers(raw: Any) -> list[tuple[str, bytes]]:
+    """Headers as Message.headers() returns them (None when there are none) as (str, bytes)."""
+    if not raw:
+        return []
     return [(str(name), bytes(value) if value is not None else b"") for name, value in raw]
 
 

@@ -39,18 +39,21 @@ MALFORMED_PREFIX = "redrive-malformed-"
 
 
 def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy, now_ms: int,
-          *, group: str) -> Route:
+          *, group: str, delivery: Delivery | None = None) -> Route:
     """Decide where a record that failed in `group` goes next.
 
-    The record's history is read from its headers here, not trusted from the caller, so that a
-    record whose redrive headers cannot be parsed is dead-lettered as `malformed` wherever it
-    fails; the runtime may also pass the MalformedHeader it met as the error.
+    The record's history is read from its headers here, not trusted from `record.delivery`, so
+    that a record whose redrive headers cannot be parsed is dead-lettered as `malformed` wherever
+    it fails; the runtime may also pass the MalformedHeader it met as the error. A caller that
+    itself parsed `record.headers` with `headers.read_delivery` without error may pass the result
+    as `delivery` to spare the second parse.
     """
     info = ErrorInfo.of(error)
-    try:
-        delivery = h.read_delivery(record.headers)
-    except MalformedHeader as exc:
-        return _malformed(record, ErrorInfo.from_exception(exc), policy, now_ms, group)
+    if delivery is None:
+        try:
+            delivery = h.read_delivery(record.headers)
+        except MalformedHeader as exc:
+            return _malformed(record, ErrorInfo.from_exception(exc), policy, now_ms, group)
     if isinstance(error, MalformedHeader):
         return _malformed(record, info, policy, now_ms, group)
 
@@ -59,7 +62,7 @@ def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy,
     attempt = delivery.attempt + 1
     first_failure = delivery.first_failure_ms if delivery.first_failure_ms is not None \
         else now_ms
-    plan = topics.plan(policy, origin.topic, group)
+    plan = _plan(policy, origin.topic, group)
     common: dict[str, str | int | None] = {
         h.ATTEMPT: attempt,
         h.GROUP: group,
@@ -81,6 +84,22 @@ def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy,
     updates = {**common, h.DUE: due, h.REASON: None}
     return Retry(retry_topic.name, due, h.replace(record.headers, updates), attempt,
                  origin.partition)
+
+
+_PLANS: dict[tuple[int, str, str], tuple[RetryPolicy, topics.TopicPlan]] = {}
+
+
+def _plan(policy: RetryPolicy, topic: str, group: str) -> topics.TopicPlan:
+    """topics.plan, looked up by the policy's identity rather than by hashing all its fields."""
+    key = (id(policy), topic, group)
+    cached = _PLANS.get(key)
+    if cached is not None and cached[0] is policy:
+        return cached[1]
+    found = topics.plan(policy, topic, group)
+    if len(_PLANS) >= 1024:
+        _PLANS.clear()
+    _PLANS[key] = (policy, found)
+    return found
 
 
 def _dead(plan: topics.TopicPlan, record: Record, common: dict[str, str | int | None],

@@ -16,15 +16,21 @@ poll batch is handled record by record, in partition order:
 - any other error, or an exhausted in-place budget, is routed with `routing.route` to a retry topic
   or the dead-letter topic; the record is finished once its copy is acknowledged.
 
-After each batch the copies are produced and acknowledged, and then the offsets of the finished
-records are committed synchronously (offset + 1 of the last finished record per partition; a
-partition never commits past a record it has not finished). With `transactional=True` the copies
-and the offsets of a batch are one Kafka transaction instead: after any crash no copy is visible
-twice to read_committed readers; on a failed transaction it is aborted and the batch's partitions
-are rewound to the batch's first records.
+After each batch its copies are produced without waiting (`redrive.consumer.pipeline`): the next
+batches are handled while the broker acknowledges them, and a batch's offsets are committed
+synchronously (offset + 1 of the last finished record per partition) only once its copies and
+those of every earlier batch are acknowledged, so a partition never commits past a record it has
+not finished or whose copy is unconfirmed. A failed delivery rewinds the partitions of the first
+unconfirmed batch and of every later one to their first records, and drops those batches
+uncommitted (at-least-once). A batch with no copies, while nothing is unconfirmed, is committed at
+once. With `transactional=True` the copies and the offsets of a batch are one Kafka transaction
+instead: after any crash no copy is visible twice to read_committed readers; on a failed
+transaction it is aborted and the batch's partitions are rewound to the batch's first records.
 
-Rebalance callbacks run only inside `poll()`, between batches, when nothing finished is left
-uncommitted; they drop the holds and in-place state of revoked or lost partitions.
+Rebalance callbacks run only inside `poll()`, between batches. On revoke the runtime first waits
+for the unconfirmed copies and commits every batch acknowledged (on lost it commits nothing of the
+lost partitions); then it drops the holds and in-place state of the revoked or lost partitions.
+stop() and close() likewise wait for the copies and commit what was acknowledged before leaving.
 """
 
 from __future__ import annotations
@@ -42,15 +48,16 @@ from confluent_kafka import TopicPartition as KafkaPartition
 
 from redrive import gate, kafka
 from redrive import headers as h
-from redrive.backend import RetryBackend, RetryTopics, Verdict
+from redrive.backend import BoundBackend, RetryBackend, RetryTopics, Verdict
 from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.pauses import Hold, Holds, TopicPartition, Why
+from redrive.consumer.pipeline import Pending, Pipeline
 from redrive.consumer.signals import stop_on_signals
-from redrive.errors import DeliveryFailed, MalformedHeader, RedriveError, UnknownTopic
+from redrive.errors import MalformedHeader, RedriveError, UnknownTopic
 from redrive.metrics import Metrics
 from redrive.policy import Disposition, RetryPolicy
-from redrive.record import Delivery, Record
+from redrive.record import NO_HISTORY, Delivery, Record, new_record
 from redrive.routing import DeadLetter, Retry, route
 from redrive.topics import check_name, plans
 
@@ -73,8 +80,11 @@ HANDLER_SAMPLE = 16
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_POLL_TIMEOUT_S = 0.1
 DEFAULT_TIMEOUT_S = 30.0
+# How long a poll may wait while copies are unconfirmed, so their offsets are committed soon.
+CONFIRM_POLL_S = 0.01
 SKIPPED_OTHER_GROUP = "other-group"
-NO_HISTORY = Delivery()
+# Batches whose copies may be unconfirmed at once before the runtime waits for the oldest.
+MAX_UNCONFIRMED_BATCHES = 8
 
 
 class InvalidSetting(RedriveError, ValueError):
@@ -162,6 +172,12 @@ class RetryingConsumer:
         self._assigned: set[TopicPartition] = set()
         self._partitions: dict[str, int] = {}
         self._stopping = threading.Event()
+        self._stop_requested = False  # the same as _stopping, cheaper to test per record
+        self._pipeline = Pipeline()
+        backend_type = type(self._backend)
+        # A backend with no admit/succeeded hooks lets records without headers skip them.
+        self._plain_backend = (backend_type.admit is BoundBackend.admit
+                               and backend_type.succeeded is BoundBackend.succeeded)
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._closed = False
@@ -206,25 +222,35 @@ class RetryingConsumer:
                 while not self._stopping.is_set():
                     self._release_due()
                     wait_s = self._holds.wait_s(now_ms(), self._poll_timeout_s)
+                    if self._pipeline:
+                        wait_s = min(wait_s, CONFIRM_POLL_S)
                     messages = consumer.consume(self._batch_size, wait_s)
                     if messages:
                         self._handle_batch(messages)
+                    elif self._pipeline:
+                        self._settle()
                     self._update_gauges()
         finally:
             self.close()
 
     def stop(self) -> None:
         """Ask run() to stop after the record in hand; safe from any thread or signal handler."""
+        self._stop_requested = True
         self._stopping.set()
 
     def close(self) -> None:
-        """Leave the group (nothing unfinished is committed) and release the clients."""
+        """Commit what is finished and acknowledged, leave the group (nothing unfinished is
+        committed) and release the clients."""
         if self._closed:
             return
         self._closed = True
+        self._stop_requested = True
         self._stopping.set()
         if self._consumer is not None:
-            self._consumer.close()
+            try:
+                self._settle_all()
+            finally:
+                self._consumer.close()
         if self._producer is not None:
             self._producer.flush(self._timeout_s)
 
@@ -239,26 +265,112 @@ class RetryingConsumer:
     # --- one batch -----------------------------------------------------------------------------
 
     def _handle_batch(self, messages: Sequence[Message]) -> None:
+        """Handle a poll batch in order, then hand it to `_complete`.
+
+        Records of one partition come in runs; per-partition bookkeeping (taken? stopped? main
+        topic, last finished offset, successes) is done once per run, and a record without
+        headers whose handler returns takes a path with nothing else on it.
+        """
         batch = Batch()
+        first, finished, stopped = batch.first, batch.finished, batch.stopped
+        assigned = self._assigned
+        main_of = self._main_of
+        handler = self.handler
+        processed = batch.processed
+        plain = self._plain_backend
+        track_in_place = self._in_place.budget > 0
+        handled = 0
+        topic: str | None = None
+        partition = -1
+        tp: TopicPartition = ("", -1)
+        main = ""
+        skip = True  # the current run's partition is revoked or stopped in this batch
+        ok = 0  # successes of the current run not yet counted in `processed`
+        last = -1  # the current run's last finished offset not yet written to `finished`
         for message in messages:
-            if self._stopping.is_set():
+            if self._stop_requested:
                 break  # the rest is handed back: it is not finished, so it is not committed
             error = message.error()
             if error is not None:
                 self._consume_error(error)
                 continue
-            tp = (str(message.topic()), int(message.partition() or 0))
-            offset = int(message.offset() or 0)
-            # A partition revoked in this poll's callbacks may still have records in the batch.
-            if tp not in self._assigned or not batch.take(tp, offset):
+            m_topic: str = message.topic()  # type: ignore[assignment]
+            m_partition: int = message.partition()  # type: ignore[assignment]
+            offset: int = message.offset()  # type: ignore[assignment]
+            if m_partition != partition or m_topic != topic:
+                if ok:
+                    processed[main] += ok
+                    ok = 0
+                if last >= 0:
+                    finished[tp] = last
+                    last = -1
+                topic, partition = m_topic, m_partition
+                tp = (m_topic, m_partition)
+                main = main_of.get(m_topic, m_topic)
+                # A partition revoked in this poll's callbacks may still have records in the
+                # batch; records behind a held one were dropped by the seek back to it.
+                skip = tp not in assigned or tp in stopped
+                if not skip and tp not in first:
+                    first[tp] = offset
+            if skip:
                 continue
-            self._handle(message, tp, offset, batch)
-        for main, count in batch.processed.items():
-            self.metrics.processed(main, count)
+            raw_headers = message.headers()
+            if raw_headers is not None or not plain:
+                if ok:
+                    processed[main] += ok
+                    ok = 0
+                if last >= 0:
+                    finished[tp] = last
+                    last = -1
+                batch.handled = handled
+                self._handle(message, tp, offset, batch, raw_headers, main)
+                handled = batch.handled
+                skip = tp in stopped
+                continue
+            # The common case: no headers, so no redrive history, no due time, another group's
+            # filter cannot apply, and the backend has nothing to admit or record.
+            record = new_record(m_topic, m_partition, offset, message.timestamp()[1],
+                                message.key(), message.value(), [], NO_HISTORY)
+            handled += 1
+            failure: Exception | None = None
+            if handled % HANDLER_SAMPLE != 1:
+                try:
+                    handler(record)
+                except Exception as exc:
+                    failure = exc
+            else:
+                started = time.perf_counter()
+                try:
+                    handler(record)
+                except Exception as exc:
+                    failure = exc
+                self.metrics.handler_took(time.perf_counter() - started)
+            if failure is None:
+                ok += 1
+                last = offset
+                if track_in_place:
+                    self._in_place.clear(tp)
+                continue
+            if ok:
+                processed[main] += ok
+                ok = 0
+            if last >= 0:
+                finished[tp] = last
+                last = -1
+            self._failed(record, failure, tp, batch, main)
+            skip = tp in stopped
+        if ok:
+            processed[main] += ok
+        if last >= 0:
+            finished[tp] = last
+        batch.handled = handled
+        for name, count in processed.items():
+            self.metrics.processed(name, count)
         self._complete(batch)
 
-    def _handle(self, message: Message, tp: TopicPartition, offset: int, batch: Batch) -> None:
-        headers = kafka.message_headers(message)
+    def _handle(self, message: Message, tp: TopicPartition, offset: int, batch: Batch,
+                raw_headers: Any, main: str) -> None:
+        headers = kafka.normalize_headers(raw_headers)
         malformed: MalformedHeader | None = None
         delivery = NO_HISTORY
         if headers and h.has_redrive(headers):
@@ -266,11 +378,10 @@ class RetryingConsumer:
                 delivery = h.read_delivery(headers)
             except MalformedHeader as exc:
                 malformed = exc
-        record = Record(tp[0], tp[1], offset, message.timestamp()[1], message.key(),
-                        message.value(), headers, delivery)
-        main = self._main_of.get(record.topic, record.topic)
+        record = new_record(tp[0], tp[1], offset, message.timestamp()[1], message.key(),
+                            message.value(), headers, delivery)
         if malformed is not None:
-            self._route(record, malformed, tp, batch, main)
+            self._route(record, malformed, tp, batch, main, None)
             return
         if delivery.group is not None and delivery.group != self.group:
             self.metrics.skipped(main, SKIPPED_OTHER_GROUP)
@@ -305,21 +416,25 @@ class RetryingConsumer:
             self._in_place.clear(tp)
             batch.finish(tp, offset)
             return
+        self._failed(record, failure, tp, batch, main)
+
+    def _failed(self, record: Record, failure: Exception, tp: TopicPartition, batch: Batch,
+                main: str) -> None:
         in_place = self.policy.in_place
         if in_place is not None and self.policy.disposition(failure) is Disposition.IN_PLACE:
-            retry = self._in_place.fail(tp, offset)
+            retry = self._in_place.fail(tp, record.offset)
             if retry is not None:
                 self._hold(tp, record, now_ms() + in_place.backoff.delay_ms(retry), Why.IN_PLACE)
                 self.metrics.retried_in_place(main)
                 batch.stop(tp)
                 return
         self._in_place.clear(tp)
-        self._route(record, failure, tp, batch, main)
+        self._route(record, failure, tp, batch, main, record.delivery)
 
     def _route(self, record: Record, error: Exception, tp: TopicPartition, batch: Batch,
-               main: str) -> None:
+               main: str, delivery: Delivery | None) -> None:
         decision = route(record, error, self._backend.policy_for(main, self.policy), now_ms(),
-                         group=self.group)
+                         group=self.group, delivery=delivery)
         out = self._backend.failed(record, decision, self._partitions)
         batch.route(tp, record.offset, Copy(out, decision, main))
 
@@ -332,24 +447,68 @@ class RetryingConsumer:
         except RedriveError as exc:
             log.error("group %s: %s; the batch's partitions are rewound and its records will be "
                       "handled again", self.group, exc)
-            self._rewind(batch)
+            self._rewind(batch.first)
             return
         if self.transactional:
             if not self._commit_transaction(batch, offsets):
-                self._rewind(batch)
+                self._rewind(batch.first)
                 return
-        else:
-            if batch.out_records:
-                try:
-                    kafka.produce_confirmed(self._require_producer(), batch.out_records,
-                                            self._timeout_s)
-                except DeliveryFailed as exc:
-                    log.error("group %s: %s; the batch's partitions are rewound and its records "
-                              "will be handled again", self.group, exc)
-                    self._rewind(batch)
-                    return
+            self._count_routed(batch.copies)
+            return
+        out = batch.out_records
+        if not out and not self._pipeline:
             self._commit(offsets)
-        self._count_routed(batch.copies)
+            self._count_routed(batch.copies)
+            return
+        # The copies go out now and are confirmed while the next batches are handled; the
+        # offsets are committed, in batch order, once every copy up to this batch is acknowledged.
+        pending = Pending(offsets, batch.first, batch.copies, time.monotonic())
+        producer = self._require_producer()
+        for record in out:
+            kafka.produce(producer, record, pending.on_delivery)
+            pending.sent()
+        self._pipeline.add(pending)
+        self._settle()
+        if len(self._pipeline) > MAX_UNCONFIRMED_BATCHES:
+            self._wait_for_head()
+
+    # --- confirmations -------------------------------------------------------------------------
+
+    def _settle(self, exclude: Iterable[TopicPartition] = ()) -> None:
+        """Serve delivery reports; commit the acknowledged batches in order; rewind on a failure."""
+        if not self._pipeline:
+            return
+        self._require_producer().poll(0)
+        self._pipeline.expire(time.monotonic(), self._timeout_s)
+        settled = self._pipeline.settle(exclude)
+        if settled.commit:
+            self._commit(settled.commit)
+        self._count_routed(settled.confirmed)
+        if settled.error is not None:
+            log.error("group %s: %s; the unconfirmed batches' partitions are rewound and their "
+                      "records will be handled again", self.group, settled.error)
+            excluded = set(exclude)
+            self._rewind({tp: offset for tp, offset in settled.rewind.items()
+                          if tp in self._assigned and tp not in excluded})
+
+    def _wait_for_head(self) -> None:
+        """Too many batches unconfirmed: wait for the oldest (the broker is slower than us)."""
+        producer = self._require_producer()
+        while len(self._pipeline) > MAX_UNCONFIRMED_BATCHES:
+            head = self._pipeline.head
+            if head is not None and head.waiting > 0 and head.error is None:
+                producer.poll(0.005)
+            self._settle()
+
+    def _settle_all(self, exclude: Iterable[TopicPartition] = ()) -> None:
+        """Wait for every copy produced so far, then commit what was acknowledged."""
+        if not self._pipeline:
+            return
+        remaining = self._require_producer().flush(self._timeout_s)
+        if remaining > 0:
+            self._pipeline.expire_all(self._timeout_s)
+        while self._pipeline:
+            self._settle(exclude)
 
     def _commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         partitions = [KafkaPartition(topic, partition, offset)
@@ -387,9 +546,9 @@ class RetryingConsumer:
             producer.abort_transaction(self._timeout_s)
             return False
 
-    def _rewind(self, batch: Batch) -> None:
+    def _rewind(self, first: Mapping[TopicPartition, int]) -> None:
         consumer = self._require_consumer()
-        for (topic, partition), offset in batch.first.items():
+        for (topic, partition), offset in first.items():
             consumer.seek(KafkaPartition(topic, partition, offset))
 
     def _count_routed(self, copies: Iterable[Copy]) -> None:
@@ -433,6 +592,10 @@ class RetryingConsumer:
 
     def _forget(self, consumer: Consumer, partitions: list[KafkaPartition], kind: str) -> None:
         tps = [(str(p.topic), int(p.partition)) for p in partitions]
+        # Batches whose copies are still unconfirmed: wait for them and commit what was
+        # acknowledged while the partitions are still ours (a lost partition is not ours any
+        # more: nothing of it is committed, its next owner handles those records again).
+        self._settle_all(exclude=tps if kind == "lost" else ())
         held = self._holds.drop(tps)
         if held:
             # librdkafka keeps a partition's pause flag across unassign and assign, so a

@@ -125,7 +125,8 @@ def test_not_retryable_and_malformed_go_straight_to_dead_letter(
 def test_a_held_retry_partition_does_not_block_the_main_topic(
         bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
     topic, group = new_topic(), unique_name("hold")
-    policy = RetryPolicy(backoff=Backoff.fixed("1s"), attempts=2)
+    # long enough that the main topic's records clearly pass first, even on a loaded machine
+    policy = RetryPolicy(backoff=Backoff.fixed("3s"), attempts=2)
     seen = Handled()
 
     def handler(record: Record) -> None:

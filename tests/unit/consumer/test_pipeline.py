@@ -1,0 +1,244 @@
+"""Pipelined confirmations: copies are confirmed while later batches are handled, offsets are
+committed strictly in batch order, a failed delivery rewinds and loses nothing, and a revoke
+commits what was acknowledged and nothing else. The runtime is driven with fake clients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from redrive.consumer import RetryingConsumer
+from redrive.consumer.batch import Copy
+from redrive.consumer.pipeline import Pending, Pipeline
+from redrive.errors import DeliveryFailed
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Record
+from redrive.routing import DeadLetter
+
+A, B = ("orders", 0), ("orders", 1)
+COPY = Copy(None, DeadLetter(None, [], "exhausted", 3, 0), "orders")
+
+
+def test_acknowledged_batches_commit_in_order_and_wait_for_earlier_ones() -> None:
+    pipeline = Pipeline()
+    first, second = Pending({A: 10}, {A: 0}, [COPY]), Pending({A: 20, B: 5}, {A: 10, B: 0})
+    first.sent()
+    pipeline.add(first)
+    pipeline.add(second)  # no copies of its own, but behind an unconfirmed batch
+    assert pipeline.settle().commit == {}
+    first.on_delivery(None, None)
+    settled = pipeline.settle()
+    assert settled.commit == {A: 20, B: 5} and settled.confirmed == [COPY]
+    assert settled.error is None and not pipeline
+
+
+def test_a_failed_delivery_drops_its_batch_and_all_later_ones_and_says_where_to_rewind() -> None:
+    pipeline = Pipeline()
+    ok, failed, later = (Pending({A: 10}, {A: 0}), Pending({A: 20}, {A: 10}),
+                         Pending({A: 30, B: 7}, {A: 20, B: 3}))
+    for pending in (ok, failed, later):
+        pending.sent()
+        pipeline.add(pending)
+    later.on_delivery(None, None)
+    failed.on_delivery(_Error("broker said no"), _Message("orders.g.retry.1s", 0))
+    assert pipeline.settle().commit == {}  # the first batch is still unconfirmed
+    ok.on_delivery(None, None)
+    settled = pipeline.settle()
+    assert settled.commit == {A: 10}
+    assert settled.rewind == {A: 10, B: 3}  # the earliest dropped record per partition
+    assert isinstance(settled.error, DeliveryFailed) and "broker said no" in str(settled.error)
+    assert not pipeline
+
+
+def test_unconfirmed_past_the_timeout_counts_as_failed() -> None:
+    pipeline = Pipeline()
+    pending = Pending({A: 10}, {A: 4}, since=100.0)
+    pending.sent()
+    pipeline.add(pending)
+    pipeline.expire(now_s=105.0, timeout_s=30.0)
+    assert pipeline.settle().error is None
+    pipeline.expire(now_s=130.0, timeout_s=30.0)
+    settled = pipeline.settle()
+    assert settled.error is not None and settled.rewind == {A: 4} and settled.commit == {}
+
+
+def test_lost_partitions_are_not_committed() -> None:
+    pipeline = Pipeline()
+    pipeline.add(Pending({A: 10, B: 3}, {A: 0, B: 0}))
+    assert pipeline.settle(exclude=[B]).commit == {A: 10}
+
+
+# --- the runtime with fake clients ----------------------------------------------------------
+
+
+class _Error:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def str(self) -> str:
+        return self.text
+
+
+class _Message:
+    def __init__(self, topic: str, partition: int, offset: int = 0, value: bytes = b"",
+                 headers: list[tuple[str, bytes]] | None = None) -> None:
+        self._topic, self._partition, self._offset = topic, partition, offset
+        self._value, self._headers = value, headers
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000)
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class FakeProducer:
+    """Keeps every delivery report until the test decides how each copy fares."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[str, bytes, Callable[[Any, Any], None]]] = []
+        self.fail_values: set[bytes] = set()
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        self.waiting.append((topic, kwargs["value"], kwargs["on_delivery"]))
+
+    def deliver(self, values: Iterable[bytes] | None = None) -> None:
+        """Report on the copies of these values (all when None), failing those in fail_values."""
+        keep = []
+        for topic, value, callback in self.waiting:
+            if values is None or value in values:
+                error = _Error("broker said no") if value in self.fail_values else None
+                callback(error, _Message(topic, 0))
+            else:
+                keep.append((topic, value, callback))
+        self.waiting = keep
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        self.deliver()
+        return 0
+
+
+class FakeConsumer:
+    def __init__(self) -> None:
+        self.commits: list[dict[tuple[str, int], int]] = []
+        self.seeks: list[tuple[str, int, int]] = []
+
+    def commit(self, offsets: list[Any], asynchronous: bool) -> list[Any]:
+        assert not asynchronous
+        self.commits.append({(p.topic, p.partition): p.offset for p in offsets})
+        return offsets  # each with error None
+
+    def seek(self, partition: Any) -> None:
+        self.seeks.append((partition.topic, partition.partition, partition.offset))
+
+    def resume(self, partitions: list[Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _fake_runtime(fails: set[bytes]) -> tuple[RetryingConsumer, FakeConsumer, FakeProducer]:
+    def handler(record: Record) -> None:
+        if record.value in fails and record.delivery.attempt == 0:
+            raise RuntimeError("transient")
+
+    runtime = RetryingConsumer("localhost:9", "orders", "g", RetryPolicy(
+        backoff=Backoff.fixed("1s"), attempts=3), handler)
+    consumer, producer = FakeConsumer(), FakeProducer()
+    runtime._consumer = consumer  # type: ignore[assignment]
+    runtime._producer = producer  # type: ignore[assignment]
+    runtime._partitions = {"orders.g.retry.1s": 2, "orders.g.dlt": 2}
+    runtime._assigned.update([A, B])
+    return runtime, consumer, producer
+
+
+def _batch(partition: int, offsets: range) -> list[Any]:
+    return [_Message("orders", partition, o, f"{partition}-{o}".encode()) for o in offsets]
+
+
+def test_runtime_commits_only_after_every_earlier_copy_is_acknowledged() -> None:
+    runtime, consumer, producer = _fake_runtime({b"0-1", b"0-6", b"1-2"})
+    runtime._handle_batch(_batch(0, range(0, 5)) + _batch(1, range(0, 3)))
+    runtime._handle_batch(_batch(0, range(5, 10)))
+    assert consumer.commits == []  # nothing acknowledged yet: nothing committed
+    producer.deliver([b"0-6"])  # the second batch's copy first
+    runtime._settle()
+    assert consumer.commits == []  # still behind the first batch
+    producer.deliver()
+    runtime._settle()
+    assert consumer.commits == [{A: 10, B: 3}]
+    assert runtime.metrics.total("redrive_retried_total") == 3
+    assert runtime.metrics.total("redrive_processed_total") == 10
+
+
+def test_a_delivery_failure_mid_pipeline_rewinds_and_loses_nothing() -> None:
+    runtime, consumer, producer = _fake_runtime({b"0-1", b"0-6", b"0-12", b"1-7"})
+    producer.fail_values = {b"0-6"}
+    runtime._handle_batch(_batch(0, range(0, 5)))  # acknowledged
+    runtime._handle_batch(_batch(0, range(5, 10)) + _batch(1, range(0, 4)))  # a copy fails
+    runtime._handle_batch(_batch(0, range(10, 15)) + _batch(1, range(4, 8)))  # fine, but later
+    producer.deliver()
+    runtime._settle()
+    assert consumer.commits == [{A: 5}]  # the first batch only
+    assert sorted(consumer.seeks) == [("orders", 0, 5), ("orders", 1, 0)]
+    assert not runtime._pipeline and runtime.metrics.total("redrive_retried_total") == 1
+    # Handled again from the rewind, everything goes through and is committed.
+    producer.fail_values = set()
+    runtime._handle_batch(_batch(0, range(5, 15)) + _batch(1, range(0, 8)))
+    producer.deliver()
+    runtime._settle()
+    assert consumer.commits[-1] == {A: 15, B: 8}
+
+
+def test_revoke_commits_what_is_acknowledged_and_nothing_else() -> None:
+    runtime, consumer, producer = _fake_runtime({b"0-1", b"1-1", b"0-6"})
+    producer.fail_values = {b"1-1"}
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    runtime._handle_batch(_batch(1, range(0, 5)))  # its copy will fail
+    runtime._handle_batch(_batch(0, range(5, 10)))
+    assert consumer.commits == []
+    partitions = [_Partition(*A), _Partition(*B)]
+    runtime._on_revoke(consumer, partitions)  # type: ignore[arg-type]
+    assert consumer.commits == [{A: 5}]  # acknowledged before the failure; nothing after it
+    assert not runtime._pipeline and runtime._assigned == set()
+
+
+def test_lost_partitions_commit_nothing_of_theirs() -> None:
+    runtime, consumer, _ = _fake_runtime({b"0-1", b"1-1"})
+    runtime._handle_batch(_batch(0, range(0, 5)) + _batch(1, range(0, 5)))
+    runtime._on_lost(consumer, [_Partition(*B)])  # type: ignore[arg-type, list-item]
+    assert consumer.commits == [{A: 5}]
+
+
+def test_close_commits_the_acknowledged_batches() -> None:
+    runtime, consumer, _ = _fake_runtime({b"0-1"})
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    runtime.close()
+    assert consumer.commits == [{A: 5}]
+
+
+class _Partition:
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
