@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from confluent_kafka import TopicPartition
 
 from redrive import headers as h
 from redrive import kafka
-from redrive.consumer import RetryingConsumer
 from redrive.record import Record
+
+from ..background import Running
+
+__all__ = ["Running"]
 
 # Small but legal everywhere: noida-db refuses session.timeout.ms below 6000.
 FAST_GROUP: Mapping[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
@@ -128,46 +130,3 @@ class Handled:
         return self.values().count(value)
 
 
-class Running:
-    """A RetryingConsumer run in a background thread; stop() joins it and re-raises its error."""
-
-    def __init__(self, consumer: RetryingConsumer) -> None:
-        self.consumer = consumer
-        self.error: BaseException | None = None
-        consumer.start()
-        self.thread = threading.Thread(target=self._run, name=f"consumer-{consumer.group}",
-                                       daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.consumer.run()
-        except BaseException as exc:
-            self.error = exc
-
-    def total(self, name: str) -> float:
-        return self.consumer.metrics.total(name)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.consumer.stop()
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "consumer did not stop"
-        if self.error is not None:
-            raise self.error
-
-
-@pytest.fixture
-def running() -> Iterator[Callable[[RetryingConsumer], Running]]:
-    """running(consumer) -> Running, stopped at the end of the test whatever happens."""
-    started: list[Running] = []
-
-    def start(consumer: RetryingConsumer) -> Running:
-        run = Running(consumer)
-        started.append(run)
-        return run
-
-    yield start
-    for run in started:
-        if run.thread.is_alive():
-            run.consumer.stop()
-            run.thread.join(30)

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import pytest
 from click.testing import CliRunner, Result
 
 from redrive import kafka
 from redrive.cli import _Group
-from redrive.consumer import RetryingConsumer
 from redrive.ops_cli import dlt, stats_command
-
-from ..consumer.conftest import Running
 
 ROOT = _Group("redrive", commands={"dlt": dlt, "stats": stats_command})
 
@@ -48,19 +44,5 @@ def topic_sizes(bootstrap: str, *names: str) -> dict[str, int]:
         consumer.close()
 
 
-@pytest.fixture
-def running() -> Iterator[Callable[[RetryingConsumer], Running]]:
-    started: list[Running] = []
-
-    def start(consumer: RetryingConsumer) -> Running:
-        run = Running(consumer)
-        started.append(run)
-        return run
-
-    yield start
-    for run in started:
-        if run.thread.is_alive():
-            run.consumer.stop()
-            run.thread.join(30)
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,6 +24,10 @@ from redrive.store import RetryStore, Scheduler
 from redrive.store.devpostgres import DevPostgres
 from redrive.store.schema import PENDING
 from redrive.store.store import Entry, now_ms
+
+from ..background import Background, Runnable
+
+__all__ = ["Background", "Runnable"]
 
 POSTGRES_ENV = "REDRIVE_TEST_POSTGRES_URL"
 DATABASES = ("sqlite", "postgresql")
@@ -86,49 +90,6 @@ def entry(group: str, topic: str, offset: int, *, partition: int = 0, key: bytes
                  ordered=ordered)
 
 
-class Runnable(Protocol):
-    def run(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
-class Background:
-    """run() of a consumer or scheduler in a thread; stop() joins it and re-raises its error."""
-
-    def __init__(self, runner: Runnable) -> None:
-        self.runner = runner
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.runner.run()
-        except BaseException as exc:
-            self.error = exc
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.runner.stop()
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), f"{self.runner!r} did not stop"
-        if self.error is not None:
-            raise self.error
-
-
-@pytest.fixture
-def background() -> Iterator[Callable[[Runnable], Background]]:
-    started: list[Background] = []
-
-    def start(runner: Runnable) -> Background:
-        run = Background(runner)
-        started.append(run)
-        return run
-
-    yield start
-    for run in started:
-        if run.thread.is_alive():
-            run.runner.stop()
-            run.thread.join(30)
 
 
 @dataclass
