@@ -11,17 +11,19 @@ topic/partition/offset and attempt, so duplicates are recognisable.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from redrive import headers as h
 from redrive import kafka, topics
+from redrive import stats as group_stats
 from redrive.backend import RetryBackend, RetryTopics, Verdict
-from redrive.errors import InvalidArgument, InvalidPolicy, MalformedHeader
+from redrive.errors import InvalidArgument, InvalidPolicy, MalformedHeader, RedriveError
 from redrive.metrics import Metrics
 from redrive.policy import RetryPolicy
 from redrive.record import Record
@@ -29,6 +31,8 @@ from redrive.routing import DeadLetter, Retry, Route
 from redrive.spark import tasks
 from redrive.spark.outcomes import PipelineStats
 from redrive.spark.writer import write_to_kafka
+
+log = logging.getLogger("redrive.spark")
 
 Sink = Callable[[Any, int], None] | str
 # Lateness is observed for at most this many retried records per batch: enough for quantiles.
@@ -58,6 +62,7 @@ class RetryPipeline:
         metrics_port: int | None = None,
         on_batch: Callable[[int, PipelineStats], None] | None = None,
         retry_backend: RetryBackend | None = None,
+        waiting_gauges_every_s: float = 10.0,
     ) -> None:
         from pyspark.sql.types import StructType
 
@@ -105,6 +110,8 @@ class RetryPipeline:
                                   "one pipeline routes with one policy; its topics have several")
         self.route_policy = policies.pop()
         self._producer: Any = None
+        self._waiting_every_s = waiting_gauges_every_s
+        self._waiting_next = 0.0
         self.stats = PipelineStats()
         self.metrics = Metrics("spark", self.group)
         if metrics_port is not None:
@@ -204,6 +211,7 @@ class RetryPipeline:
             finally:
                 frame.unpersist()
         self.stats.batches += 1
+        self._observe_waiting()
         if self.on_batch is not None:
             self.on_batch(batch_id, self.stats)
 
@@ -328,6 +336,24 @@ class RetryPipeline:
             self.metrics.dead_lettered(self._main(topic), reason or "", count)
             stats.dead_lettered_by_reason[reason or ""] += count
 
+    def _observe_waiting(self) -> None:
+        """Gauges of retry partitions held at a record not yet due, and the oldest such record.
+
+        The source holds them in Spark's own source process, out of this driver's reach, so they
+        are read off Kafka as `redrive stats` does: the record at the group's committed offset.
+        """
+        if not self._topics_backend or time.monotonic() < self._waiting_next:
+            return
+        self._waiting_next = time.monotonic() + self._waiting_every_s
+        try:
+            held, oldest = waiting_retries(self.connection, self.plans, self.group)
+        except RedriveError as exc:
+            log.warning("pipeline %s: could not read its retry partitions: %s", self.group, exc)
+            return
+        self.metrics.paused_partitions(held)
+        now = time.time() * 1000
+        self.metrics.oldest_pending_retry(0.0 if oldest is None else (now - oldest) / 1000)
+
     def _main(self, topic: str) -> str:
         return self._main_of.get(topic, topic)
 
@@ -389,6 +415,29 @@ class RetryPipeline:
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         query.stop()
+
+
+def waiting_retries(connection: kafka.Connection, plans: Mapping[str, topics.TopicPlan],
+                    group: str) -> tuple[int, int | None]:
+    """How many retry partitions wait at a record not yet due, and the oldest waiting timestamp."""
+    admin = kafka.admin(connection)
+    counts = kafka.topic_partitions(admin)
+    retry = {name for plan in plans.values() for name in plan.retry_topic_names if name in counts}
+    if not retry:
+        return 0, None
+    layout = group_stats.Roles(next(iter(plans)), tuple(sorted(retry)), None)
+    consumer = kafka.consumer(connection, group)
+    try:
+        shot = group_stats.snapshot(consumer, layout, counts)
+    finally:
+        consumer.close()
+    waiting = group_stats.Snapshot(shot.at_ms, {name: per for name, per in shot.offsets.items()
+                                                if name in retry})
+    found = group_stats.heads(connection, waiting)
+    held = sum(1 for head in found.values()
+               if head.due_ms is not None and head.due_ms > shot.at_ms)
+    oldest = min((head.timestamp_ms for head in found.values()), default=None)
+    return held, oldest
 
 
 def _has_redrive() -> Any:

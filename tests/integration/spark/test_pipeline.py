@@ -182,3 +182,22 @@ def test_bad_arguments_fail_before_starting(spark: Any, bootstrap: str) -> None:
     with pytest.raises(InvalidPolicy, match="group"):
         RetryPipeline(spark, bootstrap, "orders", "bad group", POLICY, function=handle,
                       output_schema=OUTPUT, sink="out", checkpoint="cp")
+
+
+def test_waiting_retries_are_reported_as_gauges(spark: Any, bootstrap: str, new_topic: Any,
+                                                unique_name: Any, tmp_path: Path) -> None:
+    topic = new_topic(partitions=2)
+    group = unique_name("gauges")
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, f"forever:k{i}".encode(), f"k{i}".encode(), partition=i % 2)
+        for i in range(4)])
+    hourly = RetryPolicy(backoff=Backoff.fixed("1h"), attempts=2)
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, hourly, function=handle,
+                             output_schema=OUTPUT, sink=collecting_sink([]),
+                             checkpoint=str(tmp_path / "cp"), trigger_interval="300 milliseconds",
+                             waiting_gauges_every_s=0)
+    stats = pipeline.run(until=lambda s: s.retried >= 4, timeout_s=90)
+    assert stats.retried_by_attempt == {1: 4}
+    # both retry partitions wait at a copy due in an hour
+    assert pipeline.metrics.value("redrive_paused_partitions") == 2
+    assert 0 <= pipeline.metrics.value("redrive_oldest_pending_retry_seconds") < 60
