@@ -194,17 +194,25 @@ class RetryingConsumer:
             return
         if self._closed:
             raise RedriveError(f"consumer of group {self.group!r} is closed; make a new one")
-        admin = kafka.admin(self._connection)
-        if self._create_topics:
-            for warning in self._backend.prepare(admin, self.plans):
-                log.warning("%s", warning)
-        self._partitions = kafka.topic_partitions(admin)
-        for name in self.subscribed:
-            if name not in self._partitions:
-                raise UnknownTopic(name)
+        # The producer first: an idempotent producer asks for its producer id only once it has a
+        # broker connection, retrying every 500 ms, so it cannot write a copy for the first
+        # 0.5-1 s of its life. Made before the topic set-up and the group join, that wait overlaps
+        # them instead of stalling the first batch with failures (see _wait_for_head).
         self._producer = kafka.producer(
             self._connection, overrides=self._producer_config,
             transactional_id=self._transactional_id if self.transactional else None)
+        try:
+            admin = kafka.admin(self._connection)
+            if self._create_topics:
+                for warning in self._backend.prepare(admin, self.plans):
+                    log.warning("%s", warning)
+            self._partitions = kafka.topic_partitions(admin)
+            for name in self.subscribed:
+                if name not in self._partitions:
+                    raise UnknownTopic(name)
+        except BaseException:
+            self._producer = None  # nothing was produced: dropping it releases it
+            raise
         if self.transactional:
             self._producer.init_transactions(self._timeout_s)
         self._consumer = kafka.consumer(self._connection, self.group, self._config)
