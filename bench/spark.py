@@ -1,6 +1,7 @@
 """Benchmark of redrive on PySpark: the redrive-kafka source (P5, P5c) and RetryPipeline (P6).
 
-    python bench/spark.py [--quick] [--records N] [--bootstrap HOST:PORT] [--runs N] [--json]
+    python bench/spark.py [--quick] [--records N] [--bootstrap HOST:PORT] [--runs N]
+                          [--only p5|p6] [--json]
 
 Starts its own noida-db unless --bootstrap is given, fills one topic (2 partitions, 100-byte
 values) and measures, in one local[2] SparkSession, after a warm-up query:
@@ -22,7 +23,8 @@ micro-batch holds the whole topic (maxOffsetsPerTrigger = --records). Shown besi
 it: the pipeline's fixed cost per query (a run over a 2,000-record topic), and a bare query over
 the same source and function step with one action per batch and none of the pipeline's own
 work (persist, routing job, counts), which bounds what the pipeline could reach.
-With --json the last line is one JSON object of the figures.
+With --json the last line is one JSON object of the figures. --only p5 (or p6) measures only
+those figures (the others are left out, null in the JSON), to save time while working on one.
 """
 
 from __future__ import annotations
@@ -304,13 +306,16 @@ def median(values: list[float]) -> float:
 
 
 def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
-            max_offsets: int) -> dict[str, Any]:
+            max_offsets: int, only: str | None = None) -> dict[str, Any]:
+    p5, p6 = only in (None, "p5"), only in (None, "p6")
     say(f"filling a {PARTITIONS}-partition topic with {records:,} records of {VALUE_BYTES} "
         "bytes ...")
     topic = fill(bootstrap, records)
     small_topic = fill(bootstrap, FIXED_COST_RECORDS)
-    say("raw consumer ...")
-    raw = median([raw_consumer(bootstrap, topic, records) for _ in range(3)])
+    raw = 0.0
+    if p5:
+        say("raw consumer ...")
+        raw = median([raw_consumer(bootstrap, topic, records) for _ in range(3)])
     say("starting Spark ...")
     spark = spark_session()
     workdir = Path(tempfile.mkdtemp(prefix="redrive-bench-spark-"))
@@ -321,82 +326,98 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
                        .options(**{f"kafka.{k}": str(v) for k, v in CONSUMER_OVERRIDES.items()})
                        .option("subscribe", name).load().count())
 
-        def memory_count() -> int:
-            return int(spark.read.format("redrive-bench-memory").option("rows", records)
+        def memory_count(rows: int = records) -> int:
+            return int(spark.read.format("redrive-bench-memory").option("rows", rows)
                        .load().count())
 
         bench = Bench(spark, bootstrap, topic, records, workdir, max_offsets)
         say("warming up ...")
+        # Both sources of P5c get the same warm-up query.
         timed_count(partial(redrive_count, small_topic), FIXED_COST_RECORDS)
-        bench.run_pipeline(fail_per_10k, topic=small_topic, records=FIXED_COST_RECORDS)
+        if p5:
+            timed_count(partial(memory_count, FIXED_COST_RECORDS), FIXED_COST_RECORDS)
+        if p6:
+            bench.run_pipeline(fail_per_10k, topic=small_topic, records=FIXED_COST_RECORDS)
         source_rates: list[float] = []
         memory_rates: list[float] = []
-        for run in range(runs):
+        for run in range(runs if p5 else 0):
             say(f"P5/P5c run {run + 1}/{runs} ...")
             source_rates.append(timed_count(partial(redrive_count, topic), records))
             memory_rates.append(timed_count(memory_count, records))
-        fixed = median([bench.run_pipeline(0, topic=small_topic,
-                                           records=FIXED_COST_RECORDS).wall_s
-                        for _ in range(2)])
         plain: list[PipelineRun] = []
         routed: list[PipelineRun] = []
-        for run in range(runs):
-            # Alternate which goes first, so drift during the runs does not favour either.
-            for fail in (0, fail_per_10k) if run % 2 == 0 else (fail_per_10k, 0):
-                say(f"P6 run {run + 1}/{runs}: {fail / 100:g}% of records failing ...")
-                (routed if fail else plain).append(bench.run_pipeline(fail))
-        say("bare query ...")
-        bare = bench.run_bare()
+        if p6:
+            fixed = median([bench.run_pipeline(0, topic=small_topic,
+                                               records=FIXED_COST_RECORDS).wall_s
+                            for _ in range(2)])
+            for run in range(runs):
+                # Alternate which goes first, so drift during the runs does not favour either.
+                for fail in (0, fail_per_10k) if run % 2 == 0 else (fail_per_10k, 0):
+                    say(f"P6 run {run + 1}/{runs}: {fail / 100:g}% of records failing ...")
+                    (routed if fail else plain).append(bench.run_pipeline(fail))
+            say("bare query ...")
+            bare = bench.run_bare()
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    source, memory = median(source_rates), median(memory_rates)
-    plain_rate = median([r.rate for r in plain])
-    routed_rate = median([r.rate for r in routed])
-    return {
-        "p5": source / raw,
-        "p5c": source / memory,
-        "p6": routed_rate / plain_rate,
-        "source_records_per_s": source,
-        "raw_records_per_s": raw,
-        "memory_records_per_s": memory,
-        "pipeline_routed_records_per_s": routed_rate,
-        "pipeline_plain_records_per_s": plain_rate,
-        "pipeline_routed_wall_s": median([r.wall_s for r in routed]),
-        "pipeline_plain_wall_s": median([r.wall_s for r in plain]),
-        "pipeline_batches": max(r.batches for r in plain + routed),
-        "pipeline_first_batch_s": median([r.first_batch_s for r in plain + routed]),
-        "pipeline_fixed_cost_s": fixed,
-        "bare_query_records_per_s": bare,
-        "routed_records": routed[0].routed,
-        "records": records,
-        "runs": runs,
-        "fail_rate": fail_per_10k / 10_000,
-        "p5_runs": [round(s / raw, 3) for s in source_rates],
-        "p5c_runs": [round(s / m, 3) for s, m in zip(source_rates, memory_rates, strict=True)],
-        "p6_runs": [round(r.rate / p.rate, 3) for r, p in zip(routed, plain, strict=True)],
-        "pipeline_plain_wall_s_runs": [round(r.wall_s, 1) for r in plain],
-        "pipeline_routed_wall_s_runs": [round(r.wall_s, 1) for r in routed],
-    }
+    figures: dict[str, Any] = {"records": records, "runs": runs,
+                               "fail_rate": fail_per_10k / 10_000}
+    if p5:
+        source, memory = median(source_rates), median(memory_rates)
+        figures.update({
+            "p5": source / raw,
+            "p5c": source / memory,
+            "source_records_per_s": source,
+            "raw_records_per_s": raw,
+            "memory_records_per_s": memory,
+            "p5_runs": [round(s / raw, 3) for s in source_rates],
+            "p5c_runs": [round(s / m, 3)
+                         for s, m in zip(source_rates, memory_rates, strict=True)],
+            "source_records_per_s_runs": [round(s) for s in source_rates],
+            "memory_records_per_s_runs": [round(m) for m in memory_rates],
+        })
+    if p6:
+        plain_rate = median([r.rate for r in plain])
+        routed_rate = median([r.rate for r in routed])
+        figures.update({
+            "p6": routed_rate / plain_rate,
+            "pipeline_routed_records_per_s": routed_rate,
+            "pipeline_plain_records_per_s": plain_rate,
+            "pipeline_routed_wall_s": median([r.wall_s for r in routed]),
+            "pipeline_plain_wall_s": median([r.wall_s for r in plain]),
+            "pipeline_batches": max(r.batches for r in plain + routed),
+            "pipeline_first_batch_s": median([r.first_batch_s for r in plain + routed]),
+            "pipeline_fixed_cost_s": fixed,
+            "bare_query_records_per_s": bare,
+            "routed_records": routed[0].routed,
+            "p6_runs": [round(r.rate / p.rate, 3) for r, p in zip(routed, plain, strict=True)],
+            "pipeline_plain_wall_s_runs": [round(r.wall_s, 1) for r in plain],
+            "pipeline_routed_wall_s_runs": [round(r.wall_s, 1) for r in routed],
+        })
+    return figures
 
 
 def table(figures: Mapping[str, Any], broker: str) -> str:
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    p5, p6 = "p5" in figures, "p6" in figures
     lines = [
         f"date: {date}; {figures['records']:,} records of {VALUE_BYTES} bytes in {PARTITIONS} "
         f"partitions; {broker}; Spark local[2] on {os.cpu_count()} CPUs; "
         f"median of {figures['runs']} runs",
         "",
         f"{'figure':<62}{'value':>12}{'goal':>10}",
-        f"{'P5   redrive-kafka source count / raw consumer':<62}{figures['p5']:>12.3f}"
-        f"{'>= ' + str(GOALS['p5']):>10}",
-        f"{'P5c  redrive-kafka source count / in-memory Python source':<62}"
-        f"{figures['p5c']:>12.3f}{'>= ' + str(GOALS['p5c']):>10}",
-        f"{'P6   RetryPipeline routing {:g}% / no routing'.format(figures['fail_rate'] * 100):<62}"
-        f"{figures['p6']:>12.3f}{'>= ' + str(GOALS['p6']):>10}",
-        "",
-        f"{'measure':<62}{'records/s':>12}",
     ]
+    if p5:
+        lines += [
+            f"{'P5   redrive-kafka source count / raw consumer':<62}{figures['p5']:>12.3f}"
+            f"{'>= ' + str(GOALS['p5']):>10}",
+            f"{'P5c  redrive-kafka source count / in-memory Python source':<62}"
+            f"{figures['p5c']:>12.3f}{'>= ' + str(GOALS['p5c']):>10}",
+        ]
+    if p6:
+        label = "P6   RetryPipeline routing {:g}% / no routing".format(figures["fail_rate"] * 100)
+        lines.append(f"{label:<62}{figures['p6']:>12.3f}{'>= ' + str(GOALS['p6']):>10}")
+    lines += ["", f"{'measure':<62}{'records/s':>12}"]
     rows = [
         ("redrive-kafka batch read, count()", "source_records_per_s"),
         ("raw confluent-kafka consumer", "raw_records_per_s"),
@@ -406,19 +427,27 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
         ("bare query: source, function step, one count per batch",
          "bare_query_records_per_s"),
     ]
-    lines += [f"{label:<62}{figures[key]:>12,.0f}" for label, key in rows]
-    lines += [
-        "",
-        f"pipeline wall time: {figures['pipeline_plain_wall_s']:.1f} s without routing, "
-        f"{figures['pipeline_routed_wall_s']:.1f} s with {figures['routed_records']:,} "
-        f"records routed; {figures['pipeline_batches']} micro-batch(es) per run; "
-        f"query start to first batch done {figures['pipeline_first_batch_s']:.1f} s",
-        f"pipeline fixed cost per query (start + one {FIXED_COST_RECORDS:,}-record batch): "
-        f"{figures['pipeline_fixed_cost_s']:.1f} s",
-        f"per run: P5 {figures['p5_runs']}  P5c {figures['p5c_runs']}  P6 {figures['p6_runs']}",
-        f"pipeline wall s per run: no routing {figures['pipeline_plain_wall_s_runs']}, "
-        f"routing {figures['pipeline_routed_wall_s_runs']}",
-    ]
+    lines += [f"{label:<62}{figures[key]:>12,.0f}" for label, key in rows if key in figures]
+    lines.append("")
+    if p6:
+        lines += [
+            f"pipeline wall time: {figures['pipeline_plain_wall_s']:.1f} s without routing, "
+            f"{figures['pipeline_routed_wall_s']:.1f} s with {figures['routed_records']:,} "
+            f"records routed; {figures['pipeline_batches']} micro-batch(es) per run; "
+            f"query start to first batch done {figures['pipeline_first_batch_s']:.1f} s",
+            f"pipeline fixed cost per query (start + one {FIXED_COST_RECORDS:,}-record batch): "
+            f"{figures['pipeline_fixed_cost_s']:.1f} s",
+        ]
+    runs = [f"{name} {figures[key]}" for name, key in
+            (("P5", "p5_runs"), ("P5c", "p5c_runs"), ("P6", "p6_runs")) if key in figures]
+    lines.append("per run: " + "  ".join(runs))
+    if p5:
+        lines.append(f"records/s per run: source {figures['source_records_per_s_runs']}, "
+                     f"in-memory {figures['memory_records_per_s_runs']}")
+    if p6:
+        lines.append("pipeline wall s per run: no routing "
+                     f"{figures['pipeline_plain_wall_s_runs']}, "
+                     f"routing {figures['pipeline_routed_wall_s_runs']}")
     return "\n".join(lines)
 
 
@@ -432,6 +461,8 @@ def main() -> None:
                         help="share of records the routed pipeline's function fails")
     parser.add_argument("--max-offsets", type=int,
                         help="maxOffsetsPerTrigger of the pipelines (default: all records)")
+    parser.add_argument("--only", choices=("p5", "p6"),
+                        help="measure only these figures (P5 and P5c, or P6)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON last")
     args = parser.parse_args()
     records = args.records or (100_000 if args.quick else 1_000_000)
@@ -441,13 +472,14 @@ def main() -> None:
     try:
         figures = measure(broker.bootstrap if broker is not None else args.bootstrap,
                           records, args.runs, round(args.fail_rate * 10_000),
-                          args.max_offsets or records)
+                          args.max_offsets or records, args.only)
     finally:
         if broker is not None:
             broker.close()
     print(table(figures, "noida-db 0.2.3" if broker is not None else "external cluster"))
     if args.json:
-        print(json.dumps(figures))
+        keys = ("p5", "p5c", "p6", "source_records_per_s", "raw_records_per_s")
+        print(json.dumps({**dict.fromkeys(keys), **figures}))
 
 
 if __name__ == "__main__":
