@@ -52,10 +52,3 @@ def admit(due_times: Iterable[int | None], now_ms: int) -> Admission:
             return Admission(count, due)
         count += 1
     return Admission(count, None)
-
-
-def wait_ms(admission: Admission, now_ms: int) -> int:
-    """How long to wait before the held-back head becomes due (0 when nothing is held)."""
-    if admission.next_due_ms is None:
-        return 0
-    return max(0, admission.next_due_ms - now_ms)

@@ -154,10 +154,6 @@ def replace(headers: Sequence[tuple[str, bytes]],
     return kept
 
 
-def strip_redrive(headers: Sequence[tuple[str, bytes]]) -> Headers:
-    return [(name, value) for name, value in headers if not name.startswith(PREFIX)]
-
-
 def error_fields(error: ErrorInfo, *, message_limit: int, trace_limit: int) -> dict[str, str]:
     return {
         ERROR_TYPE: error.type_name,

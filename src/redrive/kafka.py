@@ -55,10 +55,6 @@ def client_config(connection: Connection,
     return config
 
 
-def bootstrap_of(connection: Connection) -> str:
-    return str(client_config(connection)["bootstrap.servers"])
-
-
 def producer_config(connection: Connection, *, transactional_id: str | None = None,
                     overrides: Mapping[str, Any] | None = None) -> ClientConfig:
     config = client_config(connection, {**PRODUCER_DEFAULTS, **(overrides or {})})

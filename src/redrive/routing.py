@@ -144,7 +144,3 @@ def _source_topic(record: Record, group: str) -> str:
     if marker in record.topic:
         return record.topic.split(marker, 1)[0]
     return record.topic
-
-
-def delivery_of(record: Record) -> Delivery:
-    return h.read_delivery(record.headers)

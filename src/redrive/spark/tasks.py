@@ -15,7 +15,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from redrive import gate
 from redrive import headers as h
 from redrive.errors import MalformedHeader
 from redrive.policy import Disposition, RetryPolicy
@@ -282,7 +281,3 @@ def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, gro
             out["reason"].append(decision.reason if isinstance(decision, DeadLetter) else None)
             out["attempt"].append(decision.attempt)
         yield pa.RecordBatch.from_pydict(out, schema=ROUTED_SCHEMA)
-
-
-def is_early(due_ms: int | None, handled_ms: int) -> bool:
-    return not gate.is_due(due_ms, handled_ms)

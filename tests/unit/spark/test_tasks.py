@@ -2,7 +2,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-import pytest
 
 from redrive import headers as h
 from redrive.policy import Backoff, InPlace, RetryPolicy
@@ -141,12 +140,6 @@ def test_vectorized_function_that_raises_fails_every_row() -> None:
                                      batch_function=broken, error_column="error", policy=POLICY,
                                      group="g", output_type=OUTPUT))).to_pylist()
     assert [r["error_message"] for r in out] == ["whole batch", "whole batch"]
-
-
-@pytest.mark.parametrize(("due", "handled", "early"), [(None, 5, False), (5, 5, False),
-                                                       (6, 5, True)])
-def test_early_detection(due: int | None, handled: int, early: bool) -> None:
-    assert tasks.is_early(due, handled) is early
 
 
 def test_records_the_backend_refused_are_skipped_with_its_reason() -> None:
