@@ -55,7 +55,7 @@ from redrive.consumer.pauses import Hold, Holds, TopicPartition, Why
 from redrive.consumer.pipeline import Pending, Pipeline
 from redrive.consumer.signals import stop_on_signals
 from redrive.errors import MalformedHeader, RedriveError, UnknownTopic
-from redrive.metrics import Metrics
+from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import NO_HISTORY, Delivery, Record, new_record
 from redrive.routing import DeadLetter, Retry, route
@@ -82,7 +82,6 @@ DEFAULT_POLL_TIMEOUT_S = 0.1
 DEFAULT_TIMEOUT_S = 30.0
 # How long a poll may wait while copies are unconfirmed, so their offsets are committed soon.
 CONFIRM_POLL_S = 0.01
-SKIPPED_OTHER_GROUP = "other-group"
 # Batches whose copies may be unconfirmed at once before the runtime waits for the oldest.
 MAX_UNCONFIRMED_BATCHES = 8
 

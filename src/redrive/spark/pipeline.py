@@ -23,7 +23,7 @@ from redrive import headers as h
 from redrive import kafka, topics
 from redrive import stats as group_stats
 from redrive.backend import RetryBackend, RetryTopics, Verdict
-from redrive.errors import InvalidArgument, InvalidPolicy, MalformedHeader, RedriveError
+from redrive.errors import InvalidArgument, MalformedHeader, RedriveError
 from redrive.metrics import Metrics
 from redrive.policy import RetryPolicy
 from redrive.record import Record
@@ -35,9 +35,9 @@ from redrive.spark.writer import write_to_kafka
 log = logging.getLogger("redrive.spark")
 
 Sink = Callable[[Any, int], None] | str
-# Lateness is observed for at most this many retried records per batch: enough for quantiles.
-_LATENESS_SAMPLE = 2_000
-_HANDLER_SAMPLE = 500
+# Handler time and lateness are observed on at most this many records per batch: enough for
+# quantiles.
+_SAMPLE = 2_000
 
 
 class RetryPipeline:
@@ -67,19 +67,19 @@ class RetryPipeline:
         from pyspark.sql.types import StructType
 
         if (function is None) == (batch_function is None):
-            raise InvalidPolicy("function", (function, batch_function),
+            raise InvalidArgument("function", (function, batch_function),
                                 "give exactly one of function= (per record) or batch_function=")
         self.spark = spark
         self.connection = connection
         self.main_topics = [topics_] if isinstance(topics_, str) else list(topics_)
         if not self.main_topics:
-            raise InvalidPolicy("topics", topics_, "name at least one topic")
+            raise InvalidArgument("topics", topics_, "name at least one topic")
         self.group = topics.check_name("group", group)
         self.policy = policy
         self.output_schema = (StructType.fromDDL(output_schema) if isinstance(output_schema, str)
                               else output_schema)
         if not isinstance(self.output_schema, StructType):
-            raise InvalidPolicy("output_schema", output_schema, "must be a StructType or DDL")
+            raise InvalidArgument("output_schema", output_schema, "must be a StructType or DDL")
         self.sink = sink
         self.sink_format = sink_format
         self.checkpoint = checkpoint
@@ -126,7 +126,8 @@ class RetryPipeline:
     def ensure_topics(self) -> None:
         """Create what the retry backend needs: by default the retry and dead-letter topics."""
         admin = kafka.admin(self.connection)
-        self._backend.prepare(admin, self.plans)
+        for warning in self._backend.prepare(admin, self.plans):
+            log.warning("pipeline %s: %s", self.group, warning)
         self._partitions = kafka.topic_partitions(admin)
 
     @property
@@ -175,20 +176,10 @@ class RetryPipeline:
 
     def processed(self, frame: Any, skip: dict[tasks.Coordinates, str] | None = None) -> Any:
         """The batch with each record's outcome: status, error columns and the user's output."""
-        from pyspark.sql.pandas.types import to_arrow_type
-        from pyspark.sql.types import (
-            IntegerType,
-            LongType,
-            StringType,
-            StructField,
-            StructType,
-        )
+        from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
+        from pyspark.sql.types import StructField, StructType
 
-        spark_types = {"status": StringType(), "attempt": IntegerType(), "due_ms": LongType(),
-                       "handled_ms": LongType(), "in_place": IntegerType(),
-                       "handler_us": LongType()}
-        extra = [StructField(name, spark_types.get(name, StringType()))
-                 for name, _ in tasks.STATUS_COLUMNS]
+        extra = [StructField(name, from_arrow_type(kind)) for name, kind in tasks.STATUS_COLUMNS]
         schema = StructType([*frame.schema.fields, *extra,
                              StructField("output", self.output_schema)])
         body = partial(tasks.process_batches, record_function=self.function,
@@ -222,7 +213,7 @@ class RetryPipeline:
         try:
             self._write_sink(processed.where(F.col("status") == tasks.OK).select("output.*"),
                              batch_id)
-            failed, with_due = self._count_processed(processed)
+            failed = self._count_processed(processed)
             if failed:
                 failures = processed.where(F.col("status") == tasks.FAILED)
                 if self._topics_backend:
@@ -233,9 +224,7 @@ class RetryPipeline:
                 for record in _records(processed.where((F.col("status") == tasks.OK)
                                                        & _has_redrive())):
                     self._backend.succeeded(record)
-            if with_due:
-                self._observe_lateness(processed)
-            self._observe_handler_time(processed)
+            self._observe_samples(processed)
         finally:
             processed.unpersist()
 
@@ -259,8 +248,8 @@ class RetryPipeline:
         for row in routed:
             pairs = [(pair["key"], bytes(pair["value"])) for pair in row["headers"]]
             decision = _decision(row, pairs)
-            record = Record(row["topic"] or "", -1, -1, -1, _bytes(row["key"]),
-                            _bytes(row["value"]), pairs, h.read_delivery(pairs))
+            record = Record(row["topic"] or "", -1, -1, -1, tasks.optional_bytes(row["key"]),
+                            tasks.optional_bytes(row["value"]), pairs, h.read_delivery(pairs))
             copy = self._backend.failed(record, decision, self._partitions)
             if copy is not None:
                 copies.append(copy)
@@ -294,18 +283,17 @@ class RetryPipeline:
         else:
             successes.write.mode("append").format(self.sink_format).saveAsTable(self.sink)
 
-    def _count_processed(self, processed: Any) -> tuple[int, int]:
-        """Count the batch's outcomes; return how many failed, and how many had a due time."""
+    def _count_processed(self, processed: Any) -> int:
+        """Count the batch's outcomes; return how many records failed and need routing."""
         from pyspark.sql import functions as F
 
         early = F.when(F.col("due_ms").isNotNull() & (F.col("handled_ms") < F.col("due_ms")), 1)
         rows = (processed.groupBy("status", "attempt", "topic", "skip_reason")
                 .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"),
-                     F.sum("in_place").alias("in_place"), F.count("due_ms").alias("due"))
+                     F.sum("in_place").alias("in_place"))
                 .collect())
-        stats, failed, with_due = self.stats, 0, 0
+        stats, failed = self.stats, 0
         for row in rows:
-            with_due += row["due"]
             stats.records += row["n"]
             stats.early += row["early"]
             stats.in_place_retries += row["in_place"] or 0
@@ -317,7 +305,7 @@ class RetryPipeline:
                 self.metrics.skipped(self._main(row["topic"]), row["skip_reason"], row["n"])
             else:
                 failed += row["n"]
-        return failed, with_due
+        return failed
 
     def _count_routed(self, routed: Any) -> None:
         for row in routed.groupBy("kind", "reason", "attempt", "topic").count().collect():
@@ -357,21 +345,17 @@ class RetryPipeline:
     def _main(self, topic: str) -> str:
         return self._main_of.get(topic, topic)
 
-    def _observe_handler_time(self, processed: Any) -> None:
+    def _observe_samples(self, processed: Any) -> None:
+        """Handler times and lateness past due, from one sample of the batch (one Spark job)."""
         from pyspark.sql import functions as F
 
-        for row in (processed.where(F.col("handler_us").isNotNull()).select("handler_us")
-                    .limit(_HANDLER_SAMPLE).collect()):
-            self.metrics.handler_took(row["handler_us"] / 1_000_000)
-
-    def _observe_lateness(self, processed: Any) -> None:
-        from pyspark.sql import functions as F
-
-        lateness = (processed.where(F.col("due_ms").isNotNull())
-                    .select(((F.col("handled_ms") - F.col("due_ms")) / 1000).alias("late"))
-                    .limit(_LATENESS_SAMPLE).collect())
-        for row in lateness:
-            self.metrics.late_by(row["late"])
+        late = ((F.col("handled_ms") - F.col("due_ms")) / 1000).alias("late")
+        for row in (processed.where(F.col("handler_us").isNotNull() | F.col("due_ms").isNotNull())
+                    .select("handler_us", late).limit(_SAMPLE).collect()):
+            if row["handler_us"] is not None:
+                self.metrics.handler_took(row["handler_us"] / 1_000_000)
+            if row["late"] is not None:
+                self.metrics.late_by(row["late"])
 
     # --- running and stopping ----------------------------------------------------------------
 
@@ -449,7 +433,8 @@ def _has_redrive() -> Any:
 def _records(frame: Any) -> list[Record]:
     """Rows of the batch as Records, for the backend on the driver (malformed ones left out)."""
     records = []
-    for row in frame.select("topic", "partition", "offset", "timestamp", "key", "value",
+    # The backend decides by coordinates, history and key: values stay on the executors.
+    for row in frame.select("topic", "partition", "offset", "timestamp", "key",
                             "headers").collect():
         record = tasks.record_of(row.asDict())
         try:
@@ -469,17 +454,10 @@ def _decision(row: Any, pairs: list[tuple[str, bytes]]) -> Route:
     return DeadLetter(row["topic"], pairs, row["reason"], row["attempt"], row["partition"])
 
 
-def _bytes(value: Any) -> bytes | None:
-    return None if value is None else bytes(value)
-
-
 def _routed_schema() -> Any:
-    from pyspark.sql.types import StructType
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    return StructType.fromDDL(
-        "topic string, key binary, value binary, "
-        "headers array<struct<key:string,value:binary>>, partition int, kind string, "
-        "reason string, attempt int")
+    return from_arrow_schema(tasks.ROUTED_SCHEMA)
 
 
 def _on_main_thread() -> bool:

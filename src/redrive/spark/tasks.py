@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from redrive import headers as h
 from redrive.errors import MalformedHeader
+from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, route
@@ -62,10 +63,11 @@ def record_of(row: Mapping[str, Any]) -> Record:
     timestamp = row.get("timestamp")
     timestamp_ms = int(timestamp.timestamp() * 1000) if timestamp is not None else 0
     return Record(row["topic"], int(row["partition"]), int(row["offset"]), timestamp_ms,
-                  _bytes(row.get("key")), _bytes(row.get("value")), headers)
+                  optional_bytes(row.get("key")), optional_bytes(row.get("value")), headers)
 
 
-def _bytes(value: Any) -> bytes | None:
+def optional_bytes(value: Any) -> bytes | None:
+    """Spark hands binary columns over as bytearray; clients and headers want bytes."""
     return None if value is None else bytes(value)
 
 
@@ -89,7 +91,6 @@ class Outcome:
     skip_reason: str | None = None
 
 
-OTHER_GROUP = "other-group"
 Coordinates = tuple[str, int, int]
 
 
@@ -153,7 +154,7 @@ def admit(row: Mapping[str, Any], group: str,
     record = Record(record.topic, record.partition, record.offset, record.timestamp_ms,
                     record.key, record.value, record.headers, delivery)
     if delivery.group is not None and delivery.group != group:
-        return record, Outcome(SKIPPED, skip_reason=OTHER_GROUP)
+        return record, Outcome(SKIPPED, skip_reason=SKIPPED_OTHER_GROUP)
     return record, None
 
 
@@ -233,6 +234,7 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
             results = process_rows(rows, record_function, policy, group, skip)
         columns: dict[str, list[Any]] = {name: [] for name, _ in STATUS_COLUMNS}
         outputs: list[Mapping[str, Any] | None] = []
+        names = output_type.names
         for result in results:
             outcome = result.outcome
             columns["status"].append(outcome.status)
@@ -244,7 +246,7 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
             columns["handler_us"].append(result.handler_us)
             for name, value in _error_columns(outcome.error).items():
                 columns[name].append(value)
-            outputs.append(_conform(outcome.output, output_type))
+            outputs.append(_conform(outcome.output, names))
         arrays = [batch.column(i) for i in range(batch.num_columns)]
         arrays += [pa.array(columns[name], type=kind) for name, kind in STATUS_COLUMNS]
         arrays.append(pa.array(outputs, type=output_type))
@@ -253,10 +255,9 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
         yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def _conform(output: Mapping[str, Any] | None, output_type: pa.StructType) -> dict[str, Any] | None:
+def _conform(output: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str, Any] | None:
     if output is None:
         return None
-    names = [output_type.field(i).name for i in range(output_type.num_fields)]
     return {name: output.get(name) for name in names}
 
 

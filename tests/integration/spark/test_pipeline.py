@@ -174,12 +174,12 @@ def test_vectorized_form(spark: Any, bootstrap: str, new_topic: Any, unique_name
 
 
 def test_bad_arguments_fail_before_starting(spark: Any, bootstrap: str) -> None:
-    from redrive.errors import InvalidPolicy
+    from redrive.errors import InvalidArgument
 
-    with pytest.raises(InvalidPolicy, match="function"):
+    with pytest.raises(InvalidArgument, match="function"):
         RetryPipeline(spark, bootstrap, "orders", "g", POLICY, output_schema=OUTPUT,
                       sink="out", checkpoint="cp")
-    with pytest.raises(InvalidPolicy, match="group"):
+    with pytest.raises(InvalidArgument, match="group"):
         RetryPipeline(spark, bootstrap, "orders", "bad group", POLICY, function=handle,
                       output_schema=OUTPUT, sink="out", checkpoint="cp")
 
