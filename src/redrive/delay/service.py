@@ -467,8 +467,8 @@ def ensure_topics(connection: kafka.Connection, tiers: Tiers,
     created = kafka.create_topics(admin, {topic: partitions for topic in tiers.owned_topics})
     deadline = now_ms() + int(timeout_s * 1000)
     while True:
-        missing = [topic for topic in tiers.owned_topics
-                   if topic not in kafka.topic_partitions(admin)]
+        counts = kafka.topic_partitions(admin)
+        missing = [topic for topic in tiers.owned_topics if topic not in counts]
         if not missing:
             return created
         if now_ms() > deadline:

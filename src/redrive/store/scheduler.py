@@ -38,6 +38,7 @@ from redrive.topics import partition_for
 log = logging.getLogger("redrive.store.scheduler")
 
 EXPIRED = "expired"
+NO_DESTINATION = "unknown-topic"
 DEFAULT_BATCH = 500
 DEFAULT_IDLE_S = 0.05
 ERROR_PAUSE_S = 1.0
@@ -91,6 +92,7 @@ class Scheduler:
         self._producer_config = dict(producer_config or {})
         self._producer: Producer | None = None
         self._reader: Consumer | None = None
+        self._admin: kafka.Admin | None = None
         self._partitions: dict[str, int] = {}
         self._stopping = threading.Event()
 
@@ -112,8 +114,14 @@ class Scheduler:
             return 0, 0, []
         out: list[tuple[StoredRetry, kafka.OutRecord]] = []
         gone: list[StoredRetry] = []
+        nowhere: list[StoredRetry] = []
         for row in batch.rows:
-            record = self._record(row)
+            try:
+                record = self._record(row)
+            except UnknownTopic:
+                # Failing the pass would take the same rows first again, and block every group.
+                nowhere.append(row)
+                continue
             if record is None:
                 gone.append(row)
             else:
@@ -121,8 +129,11 @@ class Scheduler:
         at = now_ms()
         batch.mark_dead(gone, EXPIRED, "the record is no longer in Kafka (retention or "
                         "compaction removed it) so it cannot be retried", at)
-        for row in gone:
-            self.metrics.dead_lettered(row.topic, EXPIRED)
+        for row in nowhere:
+            batch.mark_dead([row], NO_DESTINATION, f"its destination topic {row.destination!r} "
+                            "does not exist", at)
+        for row, reason in [*((r, EXPIRED) for r in gone), *((r, NO_DESTINATION) for r in nowhere)]:
+            self.metrics.dead_lettered(row.topic, reason)
         if out:
             kafka.produce_confirmed(self._require_producer(), [o for _, o in out],
                                     self.timeout_s)
@@ -176,7 +187,7 @@ class Scheduler:
 
     def _partition_count(self, topic: str) -> int:
         if topic not in self._partitions:
-            self._partitions = kafka.topic_partitions(kafka.admin(self._connection))
+            self._partitions = kafka.topic_partitions(self._require_admin())
             if topic not in self._partitions:
                 raise UnknownTopic(topic)
         return self._partitions[topic]
@@ -187,7 +198,7 @@ class Scheduler:
         """Connect now (run() does it): the producer's first records would otherwise wait for
         its idempotence handshake and the cluster's metadata, late past their due time."""
         self._require_producer()
-        self._partitions = kafka.topic_partitions(kafka.admin(self._connection))
+        self._partitions = kafka.topic_partitions(self._require_admin())
 
     def run(self) -> None:
         """Pass after pass until stop() or SIGTERM/SIGINT (in the main thread), then close.
@@ -227,6 +238,11 @@ class Scheduler:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+    def _require_admin(self) -> kafka.Admin:
+        if self._admin is None:
+            self._admin = kafka.admin(self._connection)
+        return self._admin
 
     def _require_producer(self) -> Producer:
         if self._producer is None:

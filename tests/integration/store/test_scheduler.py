@@ -277,3 +277,21 @@ def test_the_oldest_overdue_retry_is_reported(store: RetryStore, bootstrap: str,
     runner.run_once()
     assert runner.metrics.value("redrive_oldest_pending_retry_seconds") == 0
     runner.close()
+
+
+def test_a_row_whose_destination_is_gone_dies_without_blocking_the_others(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    topic, group = new_topic(), unique_name("nowhere")
+    missing = f"{topic}-deleted"
+    lost = entry(group, missing, 0, due_ms=now_ms() - 10)
+    store.write([lost, entry(group, topic, 1, due_ms=now_ms() - 5)], [])
+    runner = scheduler(store, bootstrap)
+    done = runner.run_once()
+    assert done.published == 1
+    rows = {r.topic: r for r in store.find(Filter(group=group))}
+    assert (rows[missing].status, rows[missing].reason) == (DEAD, "unknown-topic")
+    assert missing in (rows[missing].error_message or "")
+    assert rows[topic].status == "in-flight"
+    assert runner.metrics.value("redrive_dead_lettered_total", topic=missing,
+                                reason="unknown-topic") == 1
+    runner.close()
