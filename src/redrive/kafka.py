@@ -229,13 +229,7 @@ def normalize_headers(raw: Any) -> list[tuple[str, bytes]]:
 
 def check_reachable(connection: Connection, timeout_s: float = 5.0) -> None:
     """Raise BrokerUnavailable with the bootstrap address if no broker answers in time."""
-    client = admin(connection)
-    try:
-        topic_partitions(client, timeout_s)
-    except BrokerUnavailable as exc:
-        # The traceback would keep the client alive, reconnecting and logging, until collected.
-        del client
-        raise BrokerUnavailable(exc.bootstrap, str(exc).split(": ", 1)[-1]) from None
+    topic_partitions(admin(connection), timeout_s)
 
 
 def _admin_bootstrap(admin_: AdminClient) -> str:

@@ -54,7 +54,7 @@ def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy,
             delivery = h.read_delivery(record.headers)
         except MalformedHeader as exc:
             return _malformed(record, ErrorInfo.from_exception(exc), policy, now_ms, group)
-    if isinstance(error, MalformedHeader):
+    if isinstance(info.exception, MalformedHeader):
         return _malformed(record, info, policy, now_ms, group)
 
     origin = delivery.original or Origin(record.topic, record.partition, record.offset,
@@ -62,7 +62,7 @@ def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy,
     attempt = delivery.attempt + 1
     first_failure = delivery.first_failure_ms if delivery.first_failure_ms is not None \
         else now_ms
-    plan = _plan(policy, origin.topic, group)
+    plan = topics.plan(policy, origin.topic, group)
     common: dict[str, str | int | None] = {
         h.ATTEMPT: attempt,
         h.GROUP: group,
@@ -84,22 +84,6 @@ def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy,
     updates = {**common, h.DUE: due, h.REASON: None}
     return Retry(retry_topic.name, due, h.replace(record.headers, updates), attempt,
                  origin.partition)
-
-
-_PLANS: dict[tuple[int, str, str], tuple[RetryPolicy, topics.TopicPlan]] = {}
-
-
-def _plan(policy: RetryPolicy, topic: str, group: str) -> topics.TopicPlan:
-    """topics.plan, looked up by the policy's identity rather than by hashing all its fields."""
-    key = (id(policy), topic, group)
-    cached = _PLANS.get(key)
-    if cached is not None and cached[0] is policy:
-        return cached[1]
-    found = topics.plan(policy, topic, group)
-    if len(_PLANS) >= 1024:
-        _PLANS.clear()
-    _PLANS[key] = (policy, found)
-    return found
 
 
 def _dead(plan: topics.TopicPlan, record: Record, common: dict[str, str | int | None],

@@ -19,8 +19,7 @@ from redrive.consumer.pauses import TopicPartition
 
 
 class InPlaceRetries:
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
+    def __init__(self) -> None:
         self._failures: dict[TopicPartition, tuple[int, int]] = {}  # tp -> (offset, failures)
 
     def failures(self, tp: TopicPartition, offset: int) -> int:
@@ -28,11 +27,11 @@ class InPlaceRetries:
         tracked = self._failures.get(tp)
         return tracked[1] if tracked is not None and tracked[0] == offset else 0
 
-    def fail(self, tp: TopicPartition, offset: int) -> int | None:
+    def fail(self, tp: TopicPartition, offset: int, budget: int) -> int | None:
         """Count a failure; return the number of the in-place retry to make, or None if the
-        budget is spent (the caller then routes the record and clears the entry)."""
+        record's `budget` is spent (the caller then routes the record and clears the entry)."""
         failures = self.failures(tp, offset) + 1
-        if failures > self.budget:
+        if failures > budget:
             return None
         self._failures[tp] = (offset, failures)
         return failures

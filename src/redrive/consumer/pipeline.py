@@ -113,9 +113,6 @@ class Pipeline:
             settled.commit = {tp: o for tp, o in settled.commit.items() if tp not in skip}
         return settled
 
-    def partitions(self) -> set[TopicPartition]:
-        return {tp for pending in self._pending for tp in pending.first}
-
 
 def _topic_of(copies: Iterable[Copy]) -> str:
     return next((c.record.topic for c in copies if c.record is not None), "<unconfirmed>")

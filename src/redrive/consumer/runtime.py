@@ -54,10 +54,10 @@ from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.pauses import Hold, Holds, TopicPartition, Why
 from redrive.consumer.pipeline import Pending, Pipeline
 from redrive.consumer.signals import stop_on_signals
-from redrive.errors import MalformedHeader, RedriveError, UnknownTopic
+from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
 from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
-from redrive.record import NO_HISTORY, Delivery, Record, new_record
+from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, new_record
 from redrive.routing import DeadLetter, Retry, route
 from redrive.topics import check_name, plans
 
@@ -86,13 +86,8 @@ CONFIRM_POLL_S = 0.01
 MAX_UNCONFIRMED_BATCHES = 8
 
 
-class InvalidSetting(RedriveError, ValueError):
+class InvalidSetting(InvalidArgument):
     """A RetryingConsumer argument has a value it cannot work with."""
-
-    def __init__(self, field: str, value: object, why: str) -> None:
-        self.field = field
-        self.value = value
-        super().__init__(f"invalid {field}={value!r}: {why}")
 
 
 def now_ms() -> int:
@@ -167,7 +162,10 @@ class RetryingConsumer:
             for name in self._backend.consumed_topics(plan):
                 self._main_of[name] = main
         self._holds = Holds()
-        self._in_place = InPlaceRetries(policy.in_place.retries if policy.in_place else 0)
+        self._in_place = InPlaceRetries()
+        # Successes clear in-place state only when some topic's policy retries in place.
+        self._in_place_policies = any(self._backend.policy_for(topic, policy).in_place
+                                      for topic in self.topics)
         self._assigned: set[TopicPartition] = set()
         self._partitions: dict[str, int] = {}
         self._stopping = threading.Event()
@@ -285,7 +283,7 @@ class RetryingConsumer:
         handler = self.handler
         processed = batch.processed
         plain = self._plain_backend
-        track_in_place = self._in_place.budget > 0
+        track_in_place = self._in_place_policies
         handled = 0
         topic: str | None = None
         partition = -1
@@ -427,19 +425,22 @@ class RetryingConsumer:
 
     def _failed(self, record: Record, failure: Exception, tp: TopicPartition, batch: Batch,
                 main: str) -> None:
-        in_place = self.policy.in_place
-        if in_place is not None and self.policy.disposition(failure) is Disposition.IN_PLACE:
-            retry = self._in_place.fail(tp, record.offset)
+        policy = self._backend.policy_for(main, self.policy)
+        # Built once: the in-place decision and routing both classify it, and its trace costs.
+        error = ErrorInfo.from_exception(failure)
+        in_place = policy.in_place
+        if in_place is not None and policy.disposition(error) is Disposition.IN_PLACE:
+            retry = self._in_place.fail(tp, record.offset, in_place.retries)
             if retry is not None:
                 self._hold(tp, record, now_ms() + in_place.backoff.delay_ms(retry), Why.IN_PLACE)
                 self.metrics.retried_in_place(main)
                 batch.stop(tp)
                 return
         self._in_place.clear(tp)
-        self._route(record, failure, tp, batch, main, record.delivery)
+        self._route(record, error, tp, batch, main, record.delivery)
 
-    def _route(self, record: Record, error: Exception, tp: TopicPartition, batch: Batch,
-               main: str, delivery: Delivery | None) -> None:
+    def _route(self, record: Record, error: Exception | ErrorInfo, tp: TopicPartition,
+               batch: Batch, main: str, delivery: Delivery | None) -> None:
         decision = route(record, error, self._backend.policy_for(main, self.policy), now_ms(),
                          group=self.group, delivery=delivery)
         out = self._backend.failed(record, decision, self._partitions)

@@ -35,13 +35,13 @@ def test_holds_dropped_on_revoke_report_what_was_held() -> None:
 
 
 def test_in_place_budget_counts_per_record_and_resets_on_a_new_offset() -> None:
-    retries = InPlaceRetries(budget=2)
-    assert retries.fail(A, 10) == 1
-    assert retries.fail(A, 10) == 2
-    assert retries.fail(A, 10) is None  # spent: route it
+    retries = InPlaceRetries()
+    assert retries.fail(A, 10, budget=2) == 1
+    assert retries.fail(A, 10, budget=2) == 2
+    assert retries.fail(A, 10, budget=2) is None  # spent: route it
     retries.clear(A)
-    assert retries.fail(A, 10) == 1
-    assert retries.fail(A, 11) == 1  # another record heads the partition now
+    assert retries.fail(A, 10, budget=2) == 1
+    assert retries.fail(A, 11, budget=2) == 1  # another record heads the partition now
     retries.drop([A])
     assert retries.failures(A, 11) == 0 and len(retries) == 0
 
