@@ -26,6 +26,9 @@ def _stopped_at_end(kind: Callable[[Any], Run]) -> Iterator[Callable[[Any], Run]
     yield start
     for run in started:
         run.abandon()
+    # A run the test did not stop itself must not fail unseen.
+    errors = [run.error for run in started if run.error is not None]
+    assert not errors, errors
 
 
 @pytest.fixture

@@ -147,19 +147,21 @@ class Scheduler:
 
     def _record(self, row: StoredRetry) -> kafka.OutRecord | None:
         if row.mode == PAYLOAD:
-            key, value, headers, timestamp = row.key, row.value, row.headers, row.timestamp_ms
+            key, value, headers = row.key, row.value, row.headers
         else:
             found = self._read_back(row)
             if found is None:
                 return None
-            key, value, headers, timestamp = found
+            key, value, headers = found
         destination = row.destination
         partitions = self._partition_count(destination)
+        # The copy is stamped now, not with the original's time (kept in its headers): a copy of
+        # a record older than the destination's retention would otherwise be deleted on arrival.
         return kafka.OutRecord(destination, value, key, h.replace(headers, _fields(row)),
-                               partition_for(row.partition, partitions), timestamp)
+                               partition_for(row.partition, partitions))
 
     def _read_back(self, row: StoredRetry) -> tuple[bytes | None, bytes | None,
-                                                    list[tuple[str, bytes]], int | None] | None:
+                                                    list[tuple[str, bytes]]] | None:
         """The record at the row's original offset, or None if Kafka no longer has it."""
         reader = self._require_reader()
         low, high = kafka.watermarks(reader, row.topic, row.partition, self.timeout_s)
@@ -179,9 +181,7 @@ class Scheduler:
             # A compacted or aborted offset is skipped: the next one comes instead.
             if int(message.offset() or 0) != row.offset:
                 return None
-            timestamp = message.timestamp()[1]
-            return (message.key(), message.value(), kafka.message_headers(message),
-                    timestamp if timestamp >= 0 else None)
+            return message.key(), message.value(), kafka.message_headers(message)
         raise DeliveryFailed(row.topic, row.partition,
                              f"offset {row.offset} not read back within {self.timeout_s}s")
 
