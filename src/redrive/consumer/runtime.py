@@ -576,14 +576,17 @@ class RetryingConsumer:
         consumer.pause([position])
         consumer.seek(position)
         self._holds.hold(tp, Hold(record.offset, until_ms, why, record.timestamp_ms))
+        self.metrics.paused_partitions(len(self._holds))
 
     def _release_due(self) -> None:
         due = self._holds.release_due(now_ms())
         if due:
             self._require_consumer().resume([KafkaPartition(t, p) for t, p in due])
+            # Set where the holds change, not after the batch: a scrape taken while the
+            # released records are being handled must not still count their partitions.
+            self.metrics.paused_partitions(len(self._holds))
 
     def _update_gauges(self) -> None:
-        self.metrics.paused_partitions(len(self._holds))
         self.metrics.oldest_pending_retry(self._holds.oldest_age_s(now_ms()))
 
     # --- rebalances ----------------------------------------------------------------------------
