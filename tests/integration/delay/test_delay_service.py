@@ -178,6 +178,8 @@ def test_sigkill_while_forwarding_then_restart_delivers_every_record_exactly_onc
         second = service_process(bootstrap, tiers, group, instance, log)
         try:
             arrivals = reader.read(len(values), timeout_s=90, idle_s=2.0)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the services' log:\n{log.read_text()}") from exc
         finally:
             second.send_signal(signal.SIGTERM)
             code = second.wait(20)
