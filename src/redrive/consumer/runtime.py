@@ -73,6 +73,10 @@ CONSUMER_OVERRIDES: Mapping[str, Any] = {
     # everything prefetched from busy main partitions. A shallow prefetch keeps them close to
     # their due time at little cost in throughput.
     "queued.min.messages": 2000,
+    # librdkafka postpones a partition's next fetch by this much once the local queue is over
+    # that threshold (1 s by default): with a shallow queue, and a broker that answers a fetch
+    # with more than asked for, every partition then stalls for a second at a time.
+    "fetch.queue.backoff.ms": 10,
 }
 # The handler-time histogram costs more per observation than a trivial handler: it sees the first
 # record of each batch and one in HANDLER_SAMPLE after it (every call when records trickle in).
