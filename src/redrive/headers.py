@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from redrive.errors import MalformedHeader
-from redrive.record import Delivery, ErrorInfo, Origin
+from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Origin
 
 Headers = list[tuple[str, bytes]]
 
@@ -76,7 +76,7 @@ def _integer(headers: Sequence[tuple[str, bytes]], name: str, *, minimum: int = 
     if text is None:
         return None
     stripped = text.strip()
-    if not stripped or not stripped.lstrip("-").isdigit():
+    if not stripped.isascii() or not stripped.lstrip("-").isdigit():
         raise MalformedHeader(name, last(headers, name), "expected a decimal integer")
     value = int(stripped)
     if value < minimum:
@@ -91,11 +91,18 @@ def read_due(headers: Sequence[tuple[str, bytes]]) -> int | None:
 
 def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
     """Decode and validate redrive's headers into a Delivery; raises MalformedHeader."""
-    attempt = _integer(headers, ATTEMPT) or 0
-    topic = _text(headers, ORIGINAL_TOPIC)
-    partition = _integer(headers, ORIGINAL_PARTITION)
-    offset = _integer(headers, ORIGINAL_OFFSET)
-    timestamp = _integer(headers, ORIGINAL_TIMESTAMP)
+    # One pass, the last value of each name winning: this runs for every retried record.
+    found: dict[str, bytes] = {}
+    for name, value in headers:
+        if name.startswith(PREFIX):
+            found[name] = value
+    if not found:
+        return NO_HISTORY
+    attempt = _number(found, ATTEMPT) or 0
+    topic = _decoded(found, ORIGINAL_TOPIC)
+    partition = _number(found, ORIGINAL_PARTITION)
+    offset = _number(found, ORIGINAL_OFFSET)
+    timestamp = _number(found, ORIGINAL_TIMESTAMP)
     original: Origin | None = None
     parts = {ORIGINAL_TOPIC: topic, ORIGINAL_PARTITION: partition, ORIGINAL_OFFSET: offset}
     present = [name for name, value in parts.items() if value is not None]
@@ -108,20 +115,39 @@ def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
             raise MalformedHeader(ORIGINAL_TOPIC, b"", "empty topic name")
         assert partition is not None and offset is not None
         original = Origin(topic, partition, offset, timestamp)
-    group = _text(headers, GROUP)
+    group = _decoded(found, GROUP)
     if group == "":
         raise MalformedHeader(GROUP, b"", "empty group")
-    target = _text(headers, TARGET)
+    target = _decoded(found, TARGET)
     if target == "":
         raise MalformedHeader(TARGET, b"", "empty topic name")
     return Delivery(
         attempt=attempt,
-        first_failure_ms=_integer(headers, FIRST_FAILURE),
+        first_failure_ms=_number(found, FIRST_FAILURE),
         group=group,
         original=original,
-        due_ms=_integer(headers, DUE),
+        due_ms=_number(found, DUE),
         target=target,
     )
+
+
+def _decoded(found: Mapping[str, bytes], name: str) -> str | None:
+    raw = found.get(name)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedHeader(name, raw, "not UTF-8 text") from exc
+
+
+def _number(found: Mapping[str, bytes], name: str) -> int | None:
+    raw = found.get(name)
+    if raw is None:
+        return None
+    if raw.isdigit():  # ASCII digits only, the form redrive writes
+        return int(raw)
+    return _integer(((name, raw),), name)  # the slow path, for its checks and messages
 
 
 def validate(headers: Sequence[tuple[str, bytes]]) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import traceback
 from dataclasses import dataclass, field, fields
+from types import CodeType
 from typing import Any
 
 
@@ -151,8 +153,7 @@ class ErrorInfo:
     @classmethod
     def from_exception(cls, error: BaseException) -> ErrorInfo:
         errors = _cause_chain(error)
-        chain = tuple(tuple(qualified_name(kind) for kind in type(current).__mro__
-                            if kind is not object) for current in errors)
+        chain = tuple(_kind_names(type(current)) for current in errors)
         return cls(qualified_name(type(error)), str(error), format_trace(errors), chain, error)
 
     @classmethod
@@ -202,16 +203,33 @@ def format_trace(chain: list[BaseException]) -> str:
         if error.__traceback__ is not None:
             parts.append("Traceback (most recent call last):\n")
             for frame, line_number in traceback.walk_tb(error.__traceback__):
-                code = frame.f_code
-                parts.append(f'  File "{code.co_filename}", line {line_number}, in '
-                             f"{code.co_name}\n")
-                line = linecache.getline(code.co_filename, line_number).strip()
-                if line:
-                    parts.append(f"    {line}\n")
+                parts.append(_frame_text(frame.f_code, line_number))
         message = str(error)
         name = qualified_name(type(error))
         parts.append(f"{name}: {message}\n" if message else f"{name}\n")
     return "".join(parts)
+
+
+# A failing handler fails at the same few places again and again: the text of a frame and the
+# class names of an error type are worked out once each.
+@functools.lru_cache(maxsize=4096)
+def _frame_text(code: CodeType, line_number: int) -> str:
+    text = f'  File "{code.co_filename}", line {line_number}, in {code.co_name}\n'
+    line = linecache.getline(code.co_filename, line_number).strip()
+    return f"{text}    {line}\n" if line else text
+
+
+_KIND_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _kind_names(kind: type) -> tuple[str, ...]:
+    """The qualified names of a class and its bases, for classifiers matching by name."""
+    names = _KIND_NAMES.get(kind)
+    if names is None:
+        names = tuple(qualified_name(base) for base in kind.__mro__ if base is not object)
+        if len(_KIND_NAMES) < 1024:  # classes made on the fly must not grow it without end
+            _KIND_NAMES[kind] = names
+    return names
 
 
 def qualified_name(kind: type) -> str:

@@ -49,6 +49,9 @@ def test_a_record_never_failed_has_an_empty_delivery() -> None:
 @pytest.mark.parametrize(("pairs", "header"), [
     ([(h.ATTEMPT, b"two")], h.ATTEMPT),
     ([(h.ATTEMPT, b"-1")], h.ATTEMPT),
+    ([(h.ATTEMPT, b"1_000")], h.ATTEMPT),  # int() takes it; the contract does not
+    ([(h.ORIGINAL_OFFSET, "٣".encode()), (h.ORIGINAL_TOPIC, b"t"),
+      (h.ORIGINAL_PARTITION, b"0")], h.ORIGINAL_OFFSET),
     ([(h.DUE, b"")], h.DUE),
     ([(h.DUE, b"\xff\xfe")], h.DUE),
     ([(h.FIRST_FAILURE, b"12:00")], h.FIRST_FAILURE),

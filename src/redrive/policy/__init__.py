@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from redrive.errors import InvalidPolicy
 from redrive.policy.backoff import Backoff, Custom, Explicit, Exponential, Fixed
@@ -128,6 +128,19 @@ class RetryPolicy:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidPolicy(name, value, "must be an integer >= 0")
         self._check_delays()
+
+    def __hash__(self) -> int:
+        # Hashed on every routed record (the topic plan's cache); the generated hash walks every
+        # field down to the matchers. Cached per process, and left out of pickles, because hashes
+        # of strings differ between processes (Spark's executors get the policy pickled).
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, object]:
+        return {name: value for name, value in self.__dict__.items() if name != "_hash"}
 
     def _resolve_attempts(self) -> int:
         implied = self.backoff.implied_attempts
