@@ -17,7 +17,6 @@ import importlib.util
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,13 +25,14 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, Literal, cast, get_args
 
 from confluent_kafka import KafkaException
 
 from redrive import kafka
 from redrive.errors import BrokerUnavailable, RedriveError
+from redrive.signals import stop_on_signals
 
 Kind = Literal["noida-db", "tansu"]
 KINDS: tuple[str, ...] = get_args(Kind)
@@ -313,11 +313,11 @@ def serve(kind: str = "noida-db", port: int | None = 9092, data_dir: Path | str 
     broker = DevBroker(checked, port or None, data_dir if data_dir is not None
                        else DEFAULT_DATA_ROOT / checked)
     stop_requested = threading.Event()
+    with stop_on_signals(stop_requested.set):
+        _serve(broker, stop_requested, timeout_s)
 
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        stop_requested.set()
 
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+def _serve(broker: DevBroker, stop_requested: threading.Event, timeout_s: float) -> None:
     try:
         broker.start(timeout_s)
         print(f"{broker.kind} ready (pid {broker.pid}, data dir {broker.data_dir}, "
@@ -330,8 +330,6 @@ def serve(kind: str = "noida-db", port: int | None = 9092, data_dir: Path | str 
         print(f"stopping {broker.kind}", flush=True)
     finally:
         broker.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -53,12 +53,12 @@ from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.pauses import Hold, Holds, TopicPartition, Why
 from redrive.consumer.pipeline import Pending, Pipeline
-from redrive.consumer.signals import stop_on_signals
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
 from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, new_record
 from redrive.routing import DeadLetter, Retry, route
+from redrive.signals import stop_on_signals
 from redrive.topics import check_name, plans
 
 log = logging.getLogger("redrive.consumer")

@@ -19,13 +19,11 @@ committed, so a crash may forward a record twice but never drops it.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 from confluent_kafka import (
@@ -45,6 +43,7 @@ from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
 from redrive.errors import DeliveryFailed, InvalidPolicy, MalformedHeader, RedriveError
 from redrive.metrics import Metrics
 from redrive.record import qualified_name
+from redrive.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -160,25 +159,13 @@ class DelayService:
 
     def run(self) -> None:
         """Forward until stop() (or SIGTERM/SIGINT when run from the main thread)."""
-        previous = self._install_signal_handlers()
-        try:
-            self._start()
-            while not self._stopping.is_set():
-                self._step()
-        finally:
-            self._close()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def request_stop(signum: int, frame: FrameType | None) -> None:
-            self.stop()
-
-        return {signum: signal.signal(signum, request_stop)
-                for signum in (signal.SIGTERM, signal.SIGINT)}
+        with stop_on_signals(self.stop):
+            try:
+                self._start()
+                while not self._stopping.is_set():
+                    self._step()
+            finally:
+                self._close()
 
     def _start(self) -> None:
         if self.create_topics:

@@ -14,13 +14,10 @@ A reference whose record Kafka no longer has (retention, compaction) dies with r
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -30,6 +27,7 @@ from redrive import kafka
 from redrive.errors import DeliveryFailed, InvalidArgument, RedriveError, UnknownTopic
 from redrive.metrics import Metrics
 from redrive.record import Origin
+from redrive.signals import stop_on_signals
 from redrive.store.notify import DeadHook, Notifier, Webhook
 from redrive.store.schema import PAYLOAD
 from redrive.store.store import DueBatch, RetryStore, StoredRetry, now_ms
@@ -209,7 +207,7 @@ class Scheduler:
         sweep_at = time.monotonic() + ORPHAN_SWEEP_S
         self.start()
         try:
-            with _stop_on_signals(self.stop):
+            with stop_on_signals(self.stop):
                 while not self._stopping.is_set():
                     try:
                         done = self.run_once()
@@ -269,20 +267,3 @@ def _fields(row: StoredRetry) -> dict[str, str | int | None]:
         h.REASON: None,
         h.TARGET: None,
     }
-
-
-@contextmanager
-def _stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        request_stop()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

@@ -1,7 +1,7 @@
-"""Turn SIGTERM (and SIGINT) into a clean stop request while a consumer runs.
+"""Turn SIGTERM (and SIGINT) into a clean stop request while a long-running part runs.
 
-Python lets only the main thread install signal handlers; a consumer run from another thread
-leaves signals alone and is stopped with `stop()` by its owner.
+Python lets only the main thread install signal handlers; a consumer, delay service or scheduler
+run from another thread leaves signals alone and is stopped with `stop()` by its owner.
 """
 
 from __future__ import annotations
