@@ -13,7 +13,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+from redrive.devbroker import free_port
 from redrive.errors import RedriveError
 
 HOST = "127.0.0.1"
@@ -47,12 +47,6 @@ def bin_dir() -> Path:
     return versions[-1].parent
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
 _RUNNING: set[DevPostgres] = set()
 
 
@@ -70,7 +64,7 @@ class DevPostgres:
 
     def __init__(self, *, durable: bool = True, port: int | None = None) -> None:
         self.bin = bin_dir()
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.durable = durable
         self.root = Path(tempfile.mkdtemp(prefix="redrive-postgres-"))
         self._process: subprocess.Popen[bytes] | None = None

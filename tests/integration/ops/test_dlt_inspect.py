@@ -4,11 +4,11 @@ Spring Kafka, Kafka Connect and Kafka Streams dead-letter records; bad input."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 
 from redrive import headers as h
 from redrive.consumer import RetryingConsumer
+from redrive.devbroker import free_port
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 
@@ -159,12 +159,6 @@ def test_ls_and_show_spring_connect_streams_and_an_unreadable_record(
     assert unreadable.exit_code == 0
     assert "UNREADABLE: malformed header redrive-original-offset" in unreadable.stdout
     assert "redrive-original-offset: minus one" in unreadable.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_bad_input_is_one_line_and_publishes_nothing(bootstrap: str, new_topic: NewTopic,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from redrive.consumer import RetryingConsumer
+from redrive.devbroker import free_port
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 
@@ -26,12 +26,6 @@ class Once(Exception):
 
 class Fatal(ValueError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
