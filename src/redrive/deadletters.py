@@ -170,6 +170,20 @@ class Filter:
         return all(text(h.last(record.headers, name)) == expected
                    for name, expected in self.headers)
 
+    def offsets(self, partition: int, low: int, high: int) -> tuple[int, int] | None:
+        """The part [start, end) of a partition holding `low`..`high` that can match, or None.
+
+        Named records are read from their own offsets, not from the partition's start.
+        """
+        if self.partitions and partition not in self.partitions:
+            return None
+        if self.coordinates:
+            wanted = [offset for p, offset in self.coordinates if p == partition]
+            if not wanted:
+                return None
+            low, high = max(low, min(wanted)), min(high, max(wanted) + 1)
+        return (low, high) if high > low else None
+
 
 def _type_matches(error_type: str | None, wanted: frozenset[str]) -> bool:
     if error_type is None:
@@ -240,9 +254,10 @@ class Reader:
                 if selection.partitions and partition not in selection.partitions:
                     continue
                 low, high = kafka.watermarks(consumer, self.topic, partition, self.timeout_s)
-                if high > low:
-                    ends[partition] = high
-                    starts.append(TopicPartition(self.topic, partition, low))
+                part = selection.offsets(partition, low, high)
+                if part is not None:
+                    ends[partition] = part[1]
+                    starts.append(TopicPartition(self.topic, partition, part[0]))
             if not ends:
                 return
             consumer.assign(starts)

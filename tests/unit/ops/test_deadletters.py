@@ -140,3 +140,16 @@ def test_coordinates() -> None:
 def test_ages() -> None:
     assert [format_age(ms) for ms in (250, 5_000, 61_000, 7_260_000, 90_000_000)] == \
         ["250ms", "5s", "1m01s", "2h01m", "1d01h"]
+
+
+@pytest.mark.parametrize(("selection", "partition", "expected"), [
+    (Filter(), 0, (5, 20)),
+    (Filter(partitions=frozenset({1})), 0, None),
+    (Filter(coordinates=frozenset({(0, 9), (0, 12), (1, 3)})), 0, (9, 13)),
+    (Filter(coordinates=frozenset({(1, 3)})), 0, None),
+    (Filter(coordinates=frozenset({(0, 2)})), 0, None),  # gone by retention: below the start
+    (Filter(coordinates=frozenset({(0, 4), (0, 30)})), 0, (5, 20)),
+])
+def test_named_records_are_read_from_their_own_offsets(
+        selection: Filter, partition: int, expected: tuple[int, int] | None) -> None:
+    assert selection.offsets(partition, 5, 20) == expected
