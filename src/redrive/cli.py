@@ -11,7 +11,7 @@ from redrive import kafka, topics
 from redrive.delay.command import delay_command
 from redrive.errors import RedriveError
 from redrive.ops_cli import dlt, stats_command
-from redrive.policy import Backoff, Naming, RetryPolicy
+from redrive.policy_options import policy_from_options, policy_options
 from redrive.store.command import store_command
 from redrive.table import render
 
@@ -33,39 +33,6 @@ def cli() -> None:
     """Non-blocking retries, delay queues and dead-letter topics for Kafka."""
 
 
-def _policy_options(function: Any) -> Any:
-    options = [
-        click.option("--topic", required=True, help="The main topic the group consumes."),
-        click.option("--group", required=True, help="Consumer group id or Spark pipeline name."),
-        click.option("--backoff", default=None,
-                     help='Fixed delay ("5s") or a sequence ("5m,5m,30m,30m,30m,1h").'),
-        click.option("--exponential", default=None, metavar="INITIAL",
-                     help="Exponential backoff starting at INITIAL (e.g. 1s)."),
-        click.option("--multiplier", default=2.0, show_default=True, type=float),
-        click.option("--max-delay", default=None, help="Cap for exponential delays."),
-        click.option("--attempts", type=int, default=None,
-                     help="Deliveries in all, the first included (a sequence implies it)."),
-        click.option("--naming", type=click.Choice([n.value for n in Naming]),
-                     default=Naming.PER_DELAY.value, show_default=True),
-        click.option("--no-dlt", is_flag=True, help="Plan no dead-letter topic."),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
-
-
-def _policy(backoff: str | None, exponential: str | None, multiplier: float,
-            max_delay: str | None, attempts: int | None, naming: str, no_dlt: bool) -> RetryPolicy:
-    if backoff is not None and exponential is not None:
-        raise click.UsageError("give either --backoff or --exponential, not both")
-    if exponential is not None:
-        schedule: Backoff = Backoff.exponential(exponential, multiplier, max_delay)
-    else:
-        schedule = Backoff.parse(backoff or "1s")
-    return RetryPolicy(backoff=schedule, attempts=attempts, naming=naming,
-                       dead_letter=not no_dlt)
-
-
 def _plan_rows(plan: topics.TopicPlan) -> list[list[object]]:
     rows: list[list[object]] = [[plan.topic, "main", "", "first delivery"]]
     for retry_topic in plan.retry_topics:
@@ -81,18 +48,30 @@ def topics_group() -> None:
     """Plan and create the retry and dead-letter topics of a group."""
 
 
+def _required_topic_and_group(function: Any) -> Any:
+    options = [
+        click.option("--topic", required=True, help="The main topic the group consumes."),
+        click.option("--group", required=True, help="Consumer group id or Spark pipeline name."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
 @topics_group.command("plan")
-@_policy_options
+@_required_topic_and_group
+@policy_options
 def topics_plan(topic: str, group: str, **policy_args: Any) -> None:
     """Print the topics a policy needs, with each retry topic's delay and the attempts it serves."""
-    policy = _policy(**policy_args)
+    policy = policy_from_options(**policy_args)
     plan = topics.plan(policy, topic, group)
     click.echo(render(["topic", "role", "delay", "serves"], _plan_rows(plan)))
     click.echo(f"\npolicy: {policy.describe()}")
 
 
 @topics_group.command("create")
-@_policy_options
+@_required_topic_and_group
+@policy_options
 @click.option("--bootstrap", "-b", required=True, envvar="REDRIVE_BOOTSTRAP",
               help="Kafka bootstrap servers (host:port).")
 @click.option("--partitions", type=int, default=None,
@@ -102,7 +81,7 @@ def topics_plan(topic: str, group: str, **policy_args: Any) -> None:
 def topics_create(topic: str, group: str, bootstrap: str, partitions: int | None,
                   replication_factor: int, **policy_args: Any) -> None:
     """Create the plan's missing topics and report those whose partitions are too few."""
-    policy = _policy(**policy_args)
+    policy = policy_from_options(**policy_args)
     plan = topics.plan(policy, topic, group)
     report = topics.ensure_topics(kafka.admin(bootstrap), plan, partitions=partitions,
                                   replication_factor=replication_factor)

@@ -17,7 +17,8 @@ from click._termui_impl import ProgressBar
 from redrive import deadletters, kafka, stats, topics
 from redrive.deadletters import DeadLetterRecord, Filter, Reader, now_ms
 from redrive.errors import InvalidArgument
-from redrive.policy import Backoff, Naming, RetryPolicy, to_ms
+from redrive.policy import RetryPolicy, to_ms
+from redrive.policy_options import policy_from_options, policy_options
 from redrive.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, first_retry_topic, replay
 from redrive.table import render
 
@@ -146,23 +147,34 @@ def dlt_show(bootstrap: str, timeout_s: float, topic: str | None, group: str | N
         click.echo(deadletters.detail(found, at))
 
 
+def _group_policy(backoff: str | None, exponential: str | None, multiplier: float,
+                  max_delay: str | None, attempts: int | None, naming: str,
+                  no_dlt: bool) -> RetryPolicy | None:
+    """The group's policy as the options give it, or None to find its topics on the cluster."""
+    # --multiplier, --max-delay, --naming and --no-dlt alone give no delays: a policy made of
+    # them would have the default 1s ones, and so name topics the group likely does not have.
+    if backoff is None and exponential is None and attempts is None:
+        return None
+    return policy_from_options(backoff=backoff, exponential=exponential, multiplier=multiplier,
+                               max_delay=max_delay, attempts=attempts, naming=naming,
+                               no_dlt=no_dlt)
+
+
 def _replay_destination(bootstrap: str, timeout_s: float, topic: str | None,
                         group: str | None, to: str, to_topic: str | None,
-                        backoff: str | None, attempts: int | None,
-                        naming: str) -> str | None:
+                        policy: RetryPolicy | None) -> str | None:
     """The first retry topic: named, planned from a policy, or the only one on the cluster."""
     if to == TO_ORIGINAL:
-        if to_topic or backoff or attempts:
-            raise click.UsageError("--to original takes no --to-topic, --backoff or --attempts")
+        if to_topic or policy is not None:
+            raise click.UsageError("--to original takes no --to-topic, --backoff, --exponential "
+                                   "or --attempts")
         return None
     if to_topic is not None:
         return to_topic
     if topic is None or group is None:
         raise click.UsageError("replay to the retry topic needs --topic and --group "
                                "(or --to-topic)")
-    if backoff is not None or attempts is not None:
-        policy = RetryPolicy(backoff=Backoff.parse(backoff or "1s"), attempts=attempts,
-                             naming=naming)
+    if policy is not None:
         return first_retry_topic(policy, topic, group)
     existing = kafka.topic_partitions(kafka.admin(_connect(bootstrap)), timeout_s)
     found = stats.discover_retry_topics(existing, topic, group)
@@ -175,8 +187,8 @@ def _replay_destination(bootstrap: str, timeout_s: float, topic: str | None,
         raise InvalidArgument("topic", topic, f"group {group!r} has no retry topic on the "
                               "cluster; give --to-topic")
     raise InvalidArgument("to-topic", None, f"{len(found)} retry topics exist "
-                          f"({', '.join(found)}); give --backoff (and --attempts) as the group's "
-                          "policy, or --to-topic")
+                          f"({', '.join(found)}); give the group's policy (--backoff or "
+                          "--exponential, and --attempts), or --to-topic")
 
 
 @dlt.command("replay")
@@ -188,11 +200,7 @@ def _replay_destination(bootstrap: str, timeout_s: float, topic: str | None,
 @click.option("--to", type=click.Choice([TO_RETRY, TO_ORIGINAL]), default=TO_RETRY,
               show_default=True, help="The group's first retry topic, or each record's original.")
 @click.option("--to-topic", default=None, help="The first retry topic, named explicitly.")
-@click.option("--backoff", default=None,
-              help="The group's policy (as in `topics plan`), to find its first retry topic.")
-@click.option("--attempts", type=int, default=None, help="The group's policy's attempts.")
-@click.option("--naming", type=click.Choice([n.value for n in Naming]),
-              default=Naming.PER_DELAY.value, show_default=True)
+@policy_options
 @click.option("--keep-attempts", is_flag=True,
               help="Keep the attempt count and first failure time (default: start over).")
 @click.option("--dry-run", is_flag=True, help="Show what would be published; publish nothing.")
@@ -200,16 +208,23 @@ def _replay_destination(bootstrap: str, timeout_s: float, topic: str | None,
 @click.option("--actor", default=None, help="Who replays, for the audit log (user@host).")
 def dlt_replay(bootstrap: str, timeout_s: float, topic: str | None, group: str | None,
                dlt_topic: str | None, records: Sequence[str], to: str, to_topic: str | None,
-               backoff: str | None, attempts: int | None, naming: str, keep_attempts: bool,
-               dry_run: bool, rate: str | None, actor: str | None, **filters: Any) -> None:
-    """Republish dead-letter records, each once: replays are logged in redrive.replays."""
+               backoff: str | None, exponential: str | None, multiplier: float,
+               max_delay: str | None, attempts: int | None, naming: str, no_dlt: bool,
+               keep_attempts: bool, dry_run: bool, rate: str | None, actor: str | None,
+               **filters: Any) -> None:
+    """Republish dead-letter records, each once: replays are logged in redrive.replays.
+
+    The first retry topic is planned from the group's policy if given (as in `topics plan`),
+    else found on the cluster.
+    """
     name = _dlt_topic(topic, group, dlt_topic)
     selection = _filter(**filters)
     if records:
         wanted = frozenset(deadletters.parse_coordinates(r) for r in records)
         selection = dataclasses.replace(selection, coordinates=wanted)
-    destination = _replay_destination(bootstrap, timeout_s, topic, group, to, to_topic, backoff,
-                                      attempts, naming)
+    policy = _group_policy(backoff=backoff, exponential=exponential, multiplier=multiplier,
+                           max_delay=max_delay, attempts=attempts, naming=naming, no_dlt=no_dlt)
+    destination = _replay_destination(bootstrap, timeout_s, topic, group, to, to_topic, policy)
     with contextlib.ExitStack() as stack:
         bar = _LazyBar(stack, "checking" if dry_run else "replaying")
         report = replay(_connect(bootstrap), name, to_topic=destination, to=to, group=group,
@@ -250,23 +265,19 @@ def _print_report(report: ReplayReport, name: str) -> None:
 @_connection_options
 @click.option("--topic", required=True, help="The group's main topic.")
 @click.option("--group", required=True, help="The consumer group or pipeline name.")
-@click.option("--backoff", default=None,
-              help="The group's policy (as in `topics plan`); default: the retry topics found.")
-@click.option("--attempts", type=int, default=None, help="The group's policy's attempts.")
-@click.option("--naming", type=click.Choice([n.value for n in Naming]),
-              default=Naming.PER_DELAY.value, show_default=True)
+@policy_options
 @click.option("--window", default="10s", show_default=True,
               help="Sample offsets twice this far apart for the rates (0: no rates).")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
-def stats_command(bootstrap: str, timeout_s: float, topic: str, group: str,
-                  backoff: str | None, attempts: int | None, naming: str, window: str,
-                  watch: bool) -> None:
-    """Records waiting, lag, oldest record and rates for a group's main, retry and DLT topics."""
+def stats_command(bootstrap: str, timeout_s: float, topic: str, group: str, window: str,
+                  watch: bool, **policy_args: Any) -> None:
+    """Records waiting, lag, oldest record and rates for a group's main, retry and DLT topics.
+
+    The topics are planned from the group's policy if given (as in `topics plan`), else found on
+    the cluster.
+    """
     window_s = to_ms(window, "window") / 1000
-    policy = None
-    if backoff is not None or attempts is not None:
-        policy = RetryPolicy(backoff=Backoff.parse(backoff or "1s"), attempts=attempts,
-                             naming=naming)
+    policy = _group_policy(**policy_args)
     while True:
         found = stats.collect(_connect(bootstrap), topic, group, policy=policy, window_s=window_s,
                               timeout_s=timeout_s)

@@ -1,4 +1,5 @@
-from click.testing import CliRunner
+import pytest
+from click.testing import CliRunner, Result
 
 from redrive.cli import cli
 
@@ -21,3 +22,80 @@ def test_invalid_policy_is_one_clear_line() -> None:
     assert result.exit_code == 2
     assert "backoff.sequence[1]='soon'" in result.output
     assert "Traceback" not in result.output
+
+
+def plan_rows(result: Result) -> dict[str, list[str]]:
+    """The rows of `topics plan`'s table by topic: what comes before the blank line."""
+    assert result.exit_code == 0, result.output
+    table = result.output.split("\n\n")[0].splitlines()[2:]
+    return {line.split()[0]: line.split()[1:] for line in table}
+
+
+def test_topics_plan_with_an_exponential_backoff() -> None:
+    result = CliRunner().invoke(cli, ["topics", "plan", "--topic", "orders", "--group", "billing",
+                                      "--exponential", "1s", "--multiplier", "3",
+                                      "--max-delay", "10s", "--attempts", "6"])
+    assert plan_rows(result) == {
+        "orders": ["main", "first", "delivery"],
+        "orders.billing.retry.1s": ["retry", "1s", "attempts", "2"],
+        "orders.billing.retry.3s": ["retry", "3s", "attempts", "3"],
+        "orders.billing.retry.9s": ["retry", "9s", "attempts", "4"],
+        # 27s and 81s, capped by --max-delay: one topic for both.
+        "orders.billing.retry.10s": ["retry", "10s", "attempts", "5,", "6"],
+        "orders.billing.dlt": ["dead-letter", "after", "the", "last", "attempt"],
+    }
+    assert "policy: exponential 1s x3 max 10s, attempts 6" in result.output
+
+
+def test_topics_plan_per_attempt_without_a_dead_letter_topic() -> None:
+    args = ["topics", "plan", "--topic", "orders", "--group", "billing", "--exponential", "1s",
+            "--attempts", "3", "--naming", "per-attempt"]
+    assert "orders.billing.dlt" in plan_rows(CliRunner().invoke(cli, args))
+    rows = plan_rows(CliRunner().invoke(cli, [*args, "--no-dlt"]))
+    assert list(rows) == ["orders", "orders.billing.retry.1", "orders.billing.retry.2"]
+    assert rows["orders.billing.retry.2"] == ["retry", "2s", "attempts", "3"]
+
+
+POLICY_ERRORS = [
+    (["--exponential", "1s", "--multiplier", "0"], "invalid backoff.multiplier=0.0"),
+    (["--attempts", "0"], "invalid attempts=0"),
+    (["--exponential", "soon"], "invalid backoff.initial='soon'"),
+    (["--backoff", "5s,10s", "--attempts", "5"], "invalid attempts=5"),
+]
+# The policy options are read before any broker is asked, so none is needed here.
+NO_BROKER = ["-b", "127.0.0.1:1", "--timeout", "1"]
+
+
+@pytest.mark.parametrize("command", [
+    ["topics", "plan", "--topic", "orders", "--group", "billing"],
+    ["stats", *NO_BROKER, "--topic", "orders", "--group", "billing", "--window", "0"],
+    ["dlt", "replay", *NO_BROKER, "--topic", "orders", "--group", "billing", "--dry-run"],
+])
+@pytest.mark.parametrize(("policy", "message"), POLICY_ERRORS)
+def test_an_invalid_policy_option_is_one_line_naming_field_and_value(
+        command: list[str], policy: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, [*command, *policy])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}: "), result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("command", [
+    ["topics", "plan", "--topic", "orders", "--group", "billing"],
+    ["stats", *NO_BROKER, "--topic", "orders", "--group", "billing"],
+    ["dlt", "replay", *NO_BROKER, "--topic", "orders", "--group", "billing"],
+])
+def test_backoff_and_exponential_together_is_a_usage_error(command: list[str]) -> None:
+    result = CliRunner().invoke(cli, [*command, "--backoff", "5s", "--exponential", "1s"])
+    assert result.exit_code == 2
+    assert "give either --backoff or --exponential, not both" in result.stderr
+
+
+def test_replay_to_the_original_takes_no_policy() -> None:
+    result = CliRunner().invoke(cli, ["dlt", "replay", *NO_BROKER, "--topic", "orders",
+                                      "--group", "billing", "--to", "original",
+                                      "--exponential", "1s"])
+    assert result.exit_code == 2
+    assert "--to original takes no --to-topic, --backoff, --exponential or --attempts" \
+        in result.stderr

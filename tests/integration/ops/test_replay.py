@@ -9,7 +9,7 @@ from collections.abc import Callable
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 from redrive import headers as h
-from redrive import kafka
+from redrive import kafka, topics
 from redrive.consumer import RetryingConsumer
 from redrive.deadletters import make_filter
 from redrive.metrics import Metrics
@@ -150,3 +150,31 @@ def test_replay_to_the_original_topic_keeps_attempts_and_skips_what_it_cannot(
     admin = kafka.admin(bootstrap)
     configs = admin.describe_configs([resource])[resource].result(10)
     assert configs["cleanup.policy"].value == "compact"
+
+
+def test_dry_run_replay_plans_the_first_retry_topic_of_an_exponential_policy(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    topic, group = new_topic(), unique_name("exp-replay")
+    policy = RetryPolicy(backoff=Backoff.exponential("2s", 3, "10s"), attempts=4)
+    plan = topics.plan(policy, topic, group)
+    topics.ensure_topics(kafka.admin(bootstrap), plan)
+    assert plan.dead_letter is not None
+    produce_records(bootstrap, plan.dead_letter, [(b"k", b"v", [
+        (h.REASON, b"exhausted"), (h.ATTEMPT, b"4"), (h.GROUP, group.encode()),
+        (h.ORIGINAL_TOPIC, topic.encode()), (h.ORIGINAL_PARTITION, b"0"),
+        (h.ORIGINAL_OFFSET, b"7")])])
+    before = topic_sizes(bootstrap, *plan.created_topics)
+    base = ["dlt", "replay", "-b", bootstrap, "--topic", topic, "--group", group, "--dry-run"]
+
+    # On the cluster alone the first of the plan's three retry topics cannot be told apart.
+    unplanned = run_cli(*base)
+    assert unplanned.exit_code == 2
+    assert "3 retry topics exist" in unplanned.stderr
+    dry = run_cli(*base, "--exponential", "2s", "--multiplier", "3", "--max-delay", "10s",
+                  "--attempts", "4")
+    assert dry.exit_code == 0, dry.output
+    first = plan.retry_topic_for(1).name
+    assert first == f"{topic}.{group}.retry.2s"
+    assert dry.stdout.splitlines()[2].split() == ["0:0", first]
+    assert "would replay 1 of 1 selected" in dry.stdout
+    assert topic_sizes(bootstrap, *plan.created_topics) == before

@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from redrive import kafka, stats
+from click.testing import Result
+
+from redrive import kafka, stats, topics
 from redrive.consumer import RetryingConsumer
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
@@ -90,3 +92,31 @@ def test_stats_match_a_scripted_workload(bootstrap: str, new_topic: NewTopic,
                       "--backoff", "1h", "--attempts", "2", "--window", "200ms")
     assert planned.exit_code == 0, planned.output
     assert retry_topic in planned.stdout
+
+
+def roles_listed(result: Result) -> dict[str, str]:
+    """Each topic of the `stats` table with its role, in the table's order."""
+    assert result.exit_code == 0, result.output
+    return {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[2:]}
+
+
+def test_stats_of_an_exponential_policy_without_a_dead_letter_topic(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    topic, group = new_topic(), unique_name("exp-stats")
+    policy = RetryPolicy(backoff=Backoff.exponential("1s", 3, "5s"), attempts=5,
+                         dead_letter=False)
+    plan = topics.plan(policy, topic, group)
+    admin = kafka.admin(bootstrap)
+    topics.ensure_topics(admin, plan)
+    # Left over from an earlier policy of the group: on the cluster, but not the group's now.
+    stale_retry, stale_dlt = f"{topic}.{group}.retry.1h", f"{topic}.{group}.dlt"
+    kafka.create_topics(admin, {stale_retry: 1, stale_dlt: 1})
+    base = ["stats", "-b", bootstrap, "--topic", topic, "--group", group, "--window", "0"]
+
+    found = roles_listed(run_cli(*base))
+    assert stale_retry in found and found[stale_dlt] == "dead-letter"
+    planned = roles_listed(run_cli(*base, "--exponential", "1s", "--multiplier", "3",
+                                   "--max-delay", "5s", "--attempts", "5", "--no-dlt"))
+    assert plan.retry_topic_names == [f"{topic}.{group}.retry.{d}" for d in ("1s", "3s", "5s")]
+    assert planned == {topic: "main", **{name: "retry" for name in plan.retry_topic_names}}
+    assert list(planned) == [topic, *plan.retry_topic_names]
