@@ -34,16 +34,6 @@ class Batch:
     processed: Counter[str] = field(default_factory=Counter)  # handled successfully, by main topic
     handled: int = 0  # handler calls
 
-    def take(self, tp: TopicPartition, offset: int) -> bool:
-        """Note a record of the batch; False if its partition already stopped in this batch.
-
-        Records behind a held one on the same partition are dropped here: the seek back to the
-        held record makes the consumer fetch them again after it."""
-        if tp in self.stopped:
-            return False
-        self.first.setdefault(tp, offset)
-        return True
-
     def finish(self, tp: TopicPartition, offset: int) -> None:
         self.finished[tp] = offset
 
