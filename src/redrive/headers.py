@@ -62,7 +62,10 @@ def has_redrive(headers: Sequence[tuple[str, bytes]]) -> bool:
 
 
 def _text(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
-    raw = last(headers, name)
+    return _utf8(name, last(headers, name))
+
+
+def _utf8(name: str, raw: bytes | None) -> str | None:
     if raw is None:
         return None
     try:
@@ -132,13 +135,7 @@ def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
 
 
 def _decoded(found: Mapping[str, bytes], name: str) -> str | None:
-    raw = found.get(name)
-    if raw is None:
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise MalformedHeader(name, raw, "not UTF-8 text") from exc
+    return _utf8(name, found.get(name))
 
 
 def _number(found: Mapping[str, bytes], name: str) -> int | None:
