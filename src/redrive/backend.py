@@ -8,13 +8,18 @@ how it went. The interface lives here, below the runtimes, so a runtime never de
 A runtime binds a backend to its group once and then, per batch: asks `admit` before calling the
 handler, reports `succeeded` or `failed` (with the routing decision), and calls `flush` before it
 commits offsets, so that a committed offset always has its outcome recorded (or copied) first.
+
+A runtime whose backend overrides `prefetch` first hands it the batch's records that carry
+redrive headers (every record, for a `sequential` backend), before any of their `admit` calls, so
+that the backend can look them all up at once instead of once per record. It is an optimisation
+only: `admit` must give the same verdicts for records it was not given, or if it is never called.
 """
 
 from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka.admin import AdminClient
 
@@ -48,6 +53,11 @@ class BoundBackend(abc.ABC):
 
     def policy_for(self, topic: str, default: RetryPolicy) -> RetryPolicy:
         return default
+
+    def prefetch(self, records: Sequence[Record]) -> None:
+        """Look up, at once, what `admit` will need for these records of the coming batch; what
+        an earlier call fetched is replaced."""
+        return None
 
     def admit(self, record: Record) -> Verdict:
         return Verdict.PROCESS

@@ -179,6 +179,8 @@ class RetryingConsumer:
         # A backend with no admit/succeeded hooks lets records without headers skip them.
         self._plain_backend = (backend_type.admit is BoundBackend.admit
                                and backend_type.succeeded is BoundBackend.succeeded)
+        # Only a backend that looks records up (the store) pays for the pre-pass over a batch.
+        self._prefetching = backend_type.prefetch is not BoundBackend.prefetch
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._closed = False
@@ -280,6 +282,8 @@ class RetryingConsumer:
         topic, last finished offset, successes) is done once per run, and a record without
         headers whose handler returns takes a path with nothing else on it.
         """
+        if self._prefetching:
+            self._backend.prefetch(self._to_admit(messages))
         batch = Batch()
         first, finished, stopped = batch.first, batch.finished, batch.stopped
         assigned = self._assigned
@@ -376,6 +380,33 @@ class RetryingConsumer:
         for name, count in processed.items():
             self.metrics.processed(name, count)
         self._complete(batch)
+
+    def _to_admit(self, messages: Sequence[Message]) -> list[Record]:
+        """The records of a batch the backend's `admit` may be asked about and wants ahead: those
+        with redrive headers (all, for a sequential backend), built as `_handle` builds them."""
+        every = self._backend.sequential
+        records: list[Record] = []
+        for message in messages:
+            if message.error() is not None:
+                continue
+            raw_headers = message.headers()
+            if raw_headers is None and not every:
+                continue
+            headers = kafka.normalize_headers(raw_headers)
+            delivery = NO_HISTORY
+            if headers and h.has_redrive(headers):
+                try:
+                    delivery = h.read_delivery(headers)
+                except MalformedHeader:
+                    continue  # routed as malformed, never admitted
+                if delivery.group is not None and delivery.group != self.group:
+                    continue  # skipped as another group's, never admitted
+            elif not every:
+                continue
+            records.append(new_record(message.topic(), message.partition(),
+                                      message.offset(), message.timestamp()[1], message.key(),
+                                      message.value(), headers, delivery))
+        return records
 
     def _handle(self, message: Message, tp: TopicPartition, offset: int, batch: Batch,
                 raw_headers: Any, main: str) -> None:

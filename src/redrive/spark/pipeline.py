@@ -231,8 +231,11 @@ class RetryPipeline:
     def _admit(self, frame: Any) -> dict[tasks.Coordinates, str]:
         """Ask the backend, in offset order, which copies it has already seen an outcome for."""
         refused: dict[tasks.Coordinates, str] = {}
-        for record in sorted(_records(frame.where(_has_redrive())),
-                             key=lambda r: (r.topic, r.partition, r.offset)):
+        records = sorted(_records(frame.where(_has_redrive())),
+                         key=lambda r: (r.topic, r.partition, r.offset))
+        # Reached only with a backend other than retry topics: the store reads them all at once.
+        self._backend.prefetch(records)
+        for record in records:
             verdict = self._backend.admit(record)
             if verdict is not Verdict.PROCESS:
                 refused[(record.topic, record.partition, record.offset)] = verdict.value

@@ -19,7 +19,7 @@ from redrive.policy import RetryPolicy
 from redrive.record import Origin, Record
 from redrive.routing import DeadLetter, Retry, Route
 from redrive.store.schema import DEAD, IN_FLIGHT, MODES, PARKED, PAYLOAD, PENDING
-from redrive.store.store import Entry, RetryStore, Success, now_ms
+from redrive.store.store import Coordinates, Entry, RetryStore, StoredRetry, Success, now_ms
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,12 @@ class _StoreBound(BoundBackend):
         self.sequential = backend.ordering
         self._entries: list[Entry] = []
         self._successes: list[Success] = []
-        self._seen: set[tuple[str, int, int]] = set()  # origins with an outcome in this batch
+        self._seen: set[Coordinates] = set()  # origins with an outcome in this batch
         self._waiting_keys: set[tuple[str, bytes]] = set()
+        # What prefetch read for this batch: a row (None: absent) per dispatched origin, and
+        # whether each (topic, key) is active. Anything else is asked of the store in admit.
+        self._rows: dict[Coordinates, StoredRetry | None] = {}
+        self._keys_active: dict[tuple[str, bytes], bool] = {}
 
     def consumed_topics(self, plan: topics.TopicPlan) -> list[str]:
         inbox = self.backend.inbox
@@ -89,13 +93,26 @@ class _StoreBound(BoundBackend):
     def _dispatched(self, record: Record) -> bool:
         return record.delivery.group == self.group and record.delivery.original is not None
 
+    def prefetch(self, records: Sequence[Record]) -> None:
+        origins: list[Coordinates] = []
+        keys: list[tuple[str, bytes]] = []
+        for record in records:
+            origin = record.origin()
+            if self._dispatched(record):
+                origins.append((origin.topic, origin.partition, origin.offset))
+            elif self.backend.ordering and record.key is not None:
+                keys.append((origin.topic, record.key))
+        found = self.store.find_records(self.group, origins)
+        self._rows = {coordinates: found.get(coordinates) for coordinates in origins}
+        active = self.store.active_keys(self.group, keys)
+        self._keys_active = {key: key in active for key in keys}
+
     def admit(self, record: Record) -> Verdict:
         origin = record.origin()
         if (origin.topic, origin.partition, origin.offset) in self._seen:
             return Verdict.DUPLICATE
         if self._dispatched(record):
-            row = self.store.find_record(self.group, origin.topic, origin.partition,
-                                         origin.offset)
+            row = self._row(origin)
             # A second copy (a scheduler crashed between publishing and marking) or one the
             # row has moved past (handled, re-failed, cancelled, purged) is not handled again.
             if row is None or row.status not in (PENDING, IN_FLIGHT) \
@@ -104,11 +121,21 @@ class _StoreBound(BoundBackend):
             return Verdict.PROCESS
         if self.backend.ordering and record.key is not None and (
                 (origin.topic, record.key) in self._waiting_keys
-                or self.store.key_active(self.group, origin.topic, record.key)):
+                or self._key_active(origin.topic, record.key)):
             self._stage(self._entry(record, origin, PARKED, record.headers, attempt=0,
                                     due_ms=now_ms()))
             return Verdict.PARKED
         return Verdict.PROCESS
+
+    def _row(self, origin: Origin) -> StoredRetry | None:
+        coordinates = (origin.topic, origin.partition, origin.offset)
+        if coordinates in self._rows:
+            return self._rows[coordinates]
+        return self.store.find_record(self.group, *coordinates)
+
+    def _key_active(self, topic: str, key: bytes) -> bool:
+        known = self._keys_active.get((topic, key))
+        return self.store.key_active(self.group, topic, key) if known is None else known
 
     def succeeded(self, record: Record) -> None:
         if not self._dispatched(record):
@@ -172,6 +199,8 @@ class _StoreBound(BoundBackend):
         self._successes = []
         self._seen = set()
         self._waiting_keys = set()
+        self._rows = {}
+        self._keys_active = {}
 
 
 def _text(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:

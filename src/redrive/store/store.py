@@ -17,11 +17,12 @@ import hashlib
 import json
 import sqlite3
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
@@ -62,7 +63,12 @@ from redrive.store.schema import (
 DEFAULT_PATH = Path(".redrive") / "store.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 READ_ONLY = "redrive_read_only"
+# Records or keys looked up per statement by the bulk lookups: a poll batch's worth, with every
+# database's limit on bound parameters far away.
+LOOKUP_CHUNK = 500
 Headers = list[tuple[str, bytes]]
+Coordinates = tuple[str, int, int]  # a record's original topic, partition and offset
+_T = TypeVar("_T")
 
 
 class StoreUnavailable(RedriveError):
@@ -396,6 +402,40 @@ class RetryStore:
         with self._begin(read_only=True) as conn:
             return _key_active(conn, group, topic, key)
 
+    def find_records(self, group: str, origins: Iterable[Coordinates]
+                     ) -> dict[Coordinates, StoredRetry]:
+        """`find_record` for many (topic, partition, offset) of one group, in a statement per
+        LOOKUP_CHUNK of them: the rows found, by those coordinates (an absent one is left out)."""
+        wanted = sorted(set(origins))
+        found: dict[Coordinates, StoredRetry] = {}
+        if not wanted:
+            return found
+        with self._begin(read_only=True) as conn:
+            for chunk in _chunks(wanted):
+                for row in conn.execute(select(retries).where(
+                        retries.c.group_id == group, _any_record(chunk))):
+                    stored = StoredRetry.of(row)
+                    found[(stored.topic, stored.partition, stored.offset)] = stored
+        return found
+
+    def active_keys(self, group: str, keys: Iterable[tuple[str, bytes]]
+                    ) -> set[tuple[str, bytes]]:
+        """`key_active` for many (topic, key) of one group, in a statement per LOOKUP_CHUNK of
+        them: those (topic, key) with a record waiting in the store."""
+        wanted = set(keys)
+        if not wanted:
+            return set()
+        # Compared by digest, as key_active does: that is what the key index holds.
+        digests = list({(topic, key_digest(key)) for topic, key in wanted})
+        c = retries.c
+        active: set[tuple[str, str | None]] = set()
+        with self._begin(read_only=True) as conn:
+            for chunk in _chunks(digests):
+                active.update((topic, digest) for topic, digest in conn.execute(
+                    select(c.topic, c.key_digest).distinct().where(
+                        c.group_id == group, c.status.in_(ACTIVE), _any_key(chunk))))
+        return {(topic, key) for topic, key in wanted if (topic, key_digest(key)) in active}
+
     # --- what the scheduler does ---------------------------------------------------------------
 
     @contextmanager
@@ -512,6 +552,31 @@ def _record_is(group: str, topic: str, partition: int, offset: int) -> ColumnEle
     c = retries.c
     return and_(c.group_id == group, c.topic == topic, c.partition == partition,
                 c.offset == offset)
+
+
+def _any_record(chunk: Sequence[Coordinates]) -> ColumnElement[bool]:
+    """One of these records: an offset list per partition, each served by the record index."""
+    offsets: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for topic, partition, offset in chunk:
+        offsets[(topic, partition)].append(offset)
+    c = retries.c
+    return or_(*(and_(c.topic == topic, c.partition == partition, c.offset.in_(listed))
+                 for (topic, partition), listed in offsets.items()))
+
+
+def _any_key(chunk: Sequence[tuple[str, str | None]]) -> ColumnElement[bool]:
+    """One of these (topic, key digest): a digest list per topic, served by the key index."""
+    digests: dict[str, list[str | None]] = defaultdict(list)
+    for topic, digest in chunk:
+        digests[topic].append(digest)
+    c = retries.c
+    return or_(*(and_(c.topic == topic, c.key_digest.in_(listed))
+                 for topic, listed in digests.items()))
+
+
+def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
+    for start in range(0, len(items), LOOKUP_CHUNK):
+        yield items[start:start + LOOKUP_CHUNK]
 
 
 def _key_is(group: str, topic: str, key: bytes | None) -> ColumnElement[bool]:

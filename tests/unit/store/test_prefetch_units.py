@@ -1,0 +1,134 @@
+"""The consumer's pre-pass for a backend's prefetch, driven with fake clients: which records of a
+batch it hands over, that it does so before their admit calls, and that a backend without a
+prefetch of its own never costs one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.backend import BoundBackend, RetryBackend, Verdict
+from redrive.consumer import RetryingConsumer
+from redrive.policy import RetryPolicy
+from redrive.record import Record
+from redrive.routing import Route
+
+GROUP, TOPIC = "g", "orders"
+
+
+class Message:
+    def __init__(self, offset: int, headers: list[tuple[str, bytes]] | None = None,
+                 error: object = None) -> None:
+        self._offset, self._headers, self._error = offset, headers, error
+
+    def error(self) -> object:
+        return self._error
+
+    def topic(self) -> str:
+        return TOPIC
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000)
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v%d" % self._offset
+
+
+class Error:
+    def fatal(self) -> bool:
+        return False
+
+    def str(self) -> str:
+        return "partition EOF"
+
+
+def copy_of(group: str, offset: int) -> list[tuple[str, bytes]]:
+    return [(h.GROUP, group.encode()), (h.ATTEMPT, b"1"), (h.ORIGINAL_TOPIC, TOPIC.encode()),
+            (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"%d" % offset)]
+
+
+BATCH = [
+    Message(0),  # no headers
+    Message(1, [("trace-id", b"t")]),  # headers, none of redrive's
+    Message(2, copy_of(GROUP, 0)),  # this group's copy
+    Message(3, copy_of("other", 0)),  # another group's: skipped, never admitted
+    Message(4, [(h.ATTEMPT, b"many")]),  # malformed: routed, never admitted
+    Message(5, [(h.ATTEMPT, b"2")]),  # history without a group
+    Message(6, error=Error()),
+]
+
+
+class Recording(BoundBackend):
+    def __init__(self, calls: list[tuple[str, list[int]]], sequential: bool) -> None:
+        self.calls = calls
+        self.sequential = sequential
+
+    def prefetch(self, records: Sequence[Record]) -> None:
+        self.calls.append(("prefetch", [r.offset for r in records]))
+
+    def admit(self, record: Record) -> Verdict:
+        self.calls.append(("admit", [record.offset]))
+        return Verdict.PROCESS
+
+    def failed(self, record: Record, decision: Route,
+               partitions: Mapping[str, int]) -> kafka.OutRecord | None:
+        return None
+
+
+class WithoutPrefetch(Recording):
+    prefetch = BoundBackend.prefetch
+
+
+class Backend(RetryBackend):
+    def __init__(self, bound: BoundBackend) -> None:
+        self.bound = bound
+
+    def bind(self, group: str) -> BoundBackend:
+        return self.bound
+
+
+class FakeConsumer:
+    def commit(self, offsets: list[Any], asynchronous: bool) -> list[Any]:
+        return offsets
+
+
+def handle(bound: BoundBackend) -> None:
+    runtime = RetryingConsumer("localhost:9", TOPIC, GROUP, RetryPolicy(), lambda record: None,
+                               retry_backend=Backend(bound))
+    runtime._consumer = FakeConsumer()  # type: ignore[assignment]
+    runtime._assigned.add((TOPIC, 0))
+    runtime._handle_batch(BATCH)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("sequential", "prefetched"), [(False, [2, 5]),
+                                                        (True, [0, 1, 2, 5])])
+def test_the_records_to_admit_are_prefetched_first_and_once(sequential: bool,
+                                                            prefetched: list[int]) -> None:
+    calls: list[tuple[str, list[int]]] = []
+    handle(Recording(calls, sequential))
+    assert calls == [("prefetch", prefetched), *(("admit", [o]) for o in (0, 1, 2, 5))]
+
+
+def test_a_backend_without_a_prefetch_pays_for_no_pre_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, list[int]]] = []
+    monkeypatch.setattr(RetryingConsumer, "_to_admit", lambda self, messages: pytest.fail(
+        "the batch was gone over for a backend that does not prefetch"))
+    handle(WithoutPrefetch(calls, sequential=True))
+    assert calls == [("admit", [o]) for o in (0, 1, 2, 5)]
