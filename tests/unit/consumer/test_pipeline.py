@@ -15,6 +15,8 @@ from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.routing import DeadLetter
 
+from ..fakes import FakeMessage
+
 A, B = ("orders", 0), ("orders", 1)
 COPY = Copy(None, DeadLetter(None, [], "exhausted", 3, 0), "orders")
 
@@ -40,7 +42,7 @@ def test_a_failed_delivery_drops_its_batch_and_all_later_ones_and_says_where_to_
         pending.sent()
         pipeline.add(pending)
     later.on_delivery(None, None)
-    failed.on_delivery(_Error("broker said no"), _Message("orders.g.retry.1s", 0))
+    failed.on_delivery(_Error("broker said no"), FakeMessage("orders.g.retry.1s", 0))
     assert pipeline.settle().commit == {}  # the first batch is still unconfirmed
     ok.on_delivery(None, None)
     settled = pipeline.settle()
@@ -79,37 +81,6 @@ class _Error:
         return self.text
 
 
-class _Message:
-    def __init__(self, topic: str, partition: int, offset: int = 0, value: bytes = b"",
-                 headers: list[tuple[str, bytes]] | None = None) -> None:
-        self._topic, self._partition, self._offset = topic, partition, offset
-        self._value, self._headers = value, headers
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def headers(self) -> list[tuple[str, bytes]] | None:
-        return self._headers
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_700_000_000_000)
-
-    def key(self) -> None:
-        return None
-
-    def value(self) -> bytes:
-        return self._value
-
-
 class FakeProducer:
     """Keeps every delivery report until the test decides how each copy fares."""
 
@@ -126,7 +97,7 @@ class FakeProducer:
         for topic, value, callback in self.waiting:
             if values is None or value in values:
                 error = _Error("broker said no") if value in self.fail_values else None
-                callback(error, _Message(topic, 0))
+                callback(error, FakeMessage(topic, 0))
             else:
                 keep.append((topic, value, callback))
         self.waiting = keep
@@ -175,7 +146,7 @@ def _fake_runtime(fails: set[bytes]) -> tuple[RetryingConsumer, FakeConsumer, Fa
 
 
 def _batch(partition: int, offsets: range) -> list[Any]:
-    return [_Message("orders", partition, o, f"{partition}-{o}".encode()) for o in offsets]
+    return [FakeMessage("orders", partition, o, f"{partition}-{o}".encode()) for o in offsets]
 
 
 def test_runtime_commits_only_after_every_earlier_copy_is_acknowledged() -> None:

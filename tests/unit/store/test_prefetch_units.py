@@ -17,37 +17,14 @@ from redrive.policy import RetryPolicy
 from redrive.record import Record
 from redrive.routing import Route
 
+from ..fakes import FakeMessage
+
 GROUP, TOPIC = "g", "orders"
 
 
-class Message:
-    def __init__(self, offset: int, headers: list[tuple[str, bytes]] | None = None,
-                 error: object = None) -> None:
-        self._offset, self._headers, self._error = offset, headers, error
-
-    def error(self) -> object:
-        return self._error
-
-    def topic(self) -> str:
-        return TOPIC
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def headers(self) -> list[tuple[str, bytes]] | None:
-        return self._headers
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_700_000_000_000)
-
-    def key(self) -> bytes:
-        return b"k"
-
-    def value(self) -> bytes:
-        return b"v%d" % self._offset
+def message(offset: int, headers: list[tuple[str, bytes]] | None = None,
+            error: object = None) -> FakeMessage:
+    return FakeMessage(TOPIC, 0, offset, b"v%d" % offset, headers, b"k", error)
 
 
 class Error:
@@ -64,13 +41,13 @@ def copy_of(group: str, offset: int) -> list[tuple[str, bytes]]:
 
 
 BATCH = [
-    Message(0),  # no headers
-    Message(1, [("trace-id", b"t")]),  # headers, none of redrive's
-    Message(2, copy_of(GROUP, 0)),  # this group's copy
-    Message(3, copy_of("other", 0)),  # another group's: skipped, never admitted
-    Message(4, [(h.ATTEMPT, b"many")]),  # malformed: routed, never admitted
-    Message(5, [(h.ATTEMPT, b"2")]),  # history without a group
-    Message(6, error=Error()),
+    message(0),  # no headers
+    message(1, [("trace-id", b"t")]),  # headers, none of redrive's
+    message(2, copy_of(GROUP, 0)),  # this group's copy
+    message(3, copy_of("other", 0)),  # another group's: skipped, never admitted
+    message(4, [(h.ATTEMPT, b"many")]),  # malformed: routed, never admitted
+    message(5, [(h.ATTEMPT, b"2")]),  # history without a group
+    message(6, error=Error()),
 ]
 
 
