@@ -144,6 +144,15 @@ class Service:
         if self.process.poll() is not None:
             raise SystemExit(f"the delay service exited:\n{self.log.read_text()[-3000:]}")
 
+    def wait_for(self, metric: str, at_least: float, timeout_s: float, what: str) -> None:
+        """Wait until the service reports `metric` >= `at_least`; exit naming `what` if not."""
+        deadline = time.monotonic() + timeout_s
+        while self.metric(metric) < at_least:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the service {what} in {timeout_s:.0f} s")
+            time.sleep(0.2)
+
 
 def read_timestamps(bootstrap: str, topic: str, expect: int,
                     timeout_s: float) -> list[tuple[int, int]]:
@@ -202,12 +211,8 @@ def service_rate(bootstrap: str, records: int, *, at_least_once: bool) -> float:
     try:
         # Read the target only afterwards: a reader beside it would take CPU from the service,
         # which the raw loop does not have to share.
-        deadline = time.monotonic() + 300
-        while service.metric("redrive_forwarded_total") < records:
-            service.check_alive()
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the service forwarded too few of {records} in 300 s")
-            time.sleep(0.2)
+        service.wait_for("redrive_forwarded_total", records, 300,
+                         f"forwarded too few of {records}")
     finally:
         service.stop()
     return rate_of(read_timestamps(bootstrap, target, records, timeout_s=60))
@@ -279,9 +284,7 @@ def lateness(bootstrap: str, seconds: float) -> dict[str, float]:
     target = new_topic(bootstrap, "late")
     service = Service(bootstrap, tiers)
     try:
-        while service.metric("redrive_rebalances_total") < 1:
-            service.check_alive()
-            time.sleep(0.1)
+        service.wait_for("redrive_rebalances_total", 1, 120, "was assigned no partition")
         producer = fast_producer(bootstrap)
         total = int(seconds * RATE_PER_S)
         start = time.monotonic()
@@ -327,12 +330,8 @@ def settled_rss_mb(bootstrap: str, tiers: Tiers, consumer_config: Sequence[str])
     """Peak RSS of a fresh instance once it has paused every partition of the 1 h tier."""
     service = Service(bootstrap, tiers, consumer_config=consumer_config)
     try:
-        deadline = time.monotonic() + 120
-        while service.metric("redrive_paused_partitions") < PARTITIONS:
-            service.check_alive()
-            if time.monotonic() > deadline:
-                raise SystemExit("the service did not pause every partition in 120 s")
-            time.sleep(0.2)
+        service.wait_for("redrive_paused_partitions", PARTITIONS, 120,
+                         "did not pause every partition")
         time.sleep(2.0)  # a few more polls, resumptions and fetches at the held heads
         return service.peak_rss_mb()
     finally:
