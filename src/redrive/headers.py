@@ -74,16 +74,27 @@ def _utf8(name: str, raw: bytes | None) -> str | None:
         raise MalformedHeader(name, raw, "not UTF-8 text") from exc
 
 
-def _integer(headers: Sequence[tuple[str, bytes]], name: str, *, minimum: int = 0) -> int | None:
-    text = _text(headers, name)
-    if text is None:
+def _integer(headers: Sequence[tuple[str, bytes]], name: str) -> int | None:
+    return _whole_number(name, last(headers, name))
+
+
+_MAX_DIGITS = 19  # Kafka's offsets and timestamps are 64-bit
+
+
+def _whole_number(name: str, raw: bytes | None) -> int | None:
+    if raw is None:
         return None
-    stripped = text.strip()
+    if raw.isdigit() and len(raw) <= _MAX_DIGITS:  # ASCII digits: the form redrive writes
+        return int(raw)
+    stripped = (_utf8(name, raw) or "").strip()
     if not stripped.isascii() or not stripped.lstrip("-").isdigit():
-        raise MalformedHeader(name, last(headers, name), "expected a decimal integer")
+        raise MalformedHeader(name, raw, "expected a decimal integer")
+    if len(stripped.lstrip("-")) > _MAX_DIGITS:
+        # Past a 64-bit integer; Python's int() would also refuse thousands of digits.
+        raise MalformedHeader(name, raw, f"more than {_MAX_DIGITS} digits")
     value = int(stripped)
-    if value < minimum:
-        raise MalformedHeader(name, last(headers, name), f"must be >= {minimum}")
+    if value < 0:
+        raise MalformedHeader(name, raw, "must be >= 0")
     return value
 
 
@@ -139,12 +150,7 @@ def _decoded(found: Mapping[str, bytes], name: str) -> str | None:
 
 
 def _number(found: Mapping[str, bytes], name: str) -> int | None:
-    raw = found.get(name)
-    if raw is None:
-        return None
-    if raw.isdigit():  # ASCII digits only, the form redrive writes
-        return int(raw)
-    return _integer(((name, raw),), name)  # the slow path, for its checks and messages
+    return _whole_number(name, found.get(name))
 
 
 def validate(headers: Sequence[tuple[str, bytes]]) -> None:

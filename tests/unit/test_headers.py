@@ -50,6 +50,7 @@ def test_a_record_never_failed_has_an_empty_delivery() -> None:
     ([(h.ATTEMPT, b"two")], h.ATTEMPT),
     ([(h.ATTEMPT, b"-1")], h.ATTEMPT),
     ([(h.ATTEMPT, b"1_000")], h.ATTEMPT),  # int() takes it; the contract does not
+    ([(h.DUE, b"9" * 5000)], h.DUE),  # beyond int64, and beyond what int() parses
     ([(h.ORIGINAL_OFFSET, "٣".encode()), (h.ORIGINAL_TOPIC, b"t"),
       (h.ORIGINAL_PARTITION, b"0")], h.ORIGINAL_OFFSET),
     ([(h.DUE, b"")], h.DUE),
