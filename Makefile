@@ -6,14 +6,22 @@ PY = .venv/bin/python
 VENV_STAMP = .venv/.installed-from-pyproject
 LINT_PATHS = $(wildcard src tests bench demo)
 
-.PHONY: .venv tools postgres test demo lint typecheck pytest unit integration clean
+.PHONY: .venv librdkafka tools postgres test demo lint typecheck pytest unit integration clean
 
 .venv: $(VENV_STAMP)
 
-$(VENV_STAMP): pyproject.toml
+$(VENV_STAMP): pyproject.toml src/redrive/_rangeread.c
+	@$(MAKE) --no-print-directory librdkafka
 	test -x $(PY) || $(PYTHON) -m venv .venv
 	$(PY) -m pip install -e '.[test]'
 	touch $@
+
+# librdkafka's headers, for the Spark source's C range reader (redrive._rangeread).
+librdkafka:
+	@test -f /usr/include/librdkafka/rdkafka.h || { \
+	  sudo=$$(test "$$(id -u)" -eq 0 || echo sudo); \
+	  $$sudo apt-get update && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y librdkafka-dev; }
 
 # kcat lets the integration tests check headers as a client other than confluent-kafka sees them.
 tools:

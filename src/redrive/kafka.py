@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import (
     Consumer,
@@ -21,7 +21,10 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from redrive.errors import BrokerUnavailable, DeliveryFailed, UnknownTopic
+from redrive.errors import BrokerUnavailable, DeliveryFailed, InvalidArgument, UnknownTopic
+
+if TYPE_CHECKING:
+    from redrive._rangeread import RangeReader
 
 ClientConfig = dict[str, Any]
 Connection = str | Mapping[str, Any]
@@ -83,6 +86,25 @@ def producer(connection: Connection, *, transactional_id: str | None = None,
 def consumer(connection: Connection, group_id: str | None = None,
              overrides: Mapping[str, Any] | None = None) -> Consumer:
     return Consumer(consumer_config(connection, group_id, overrides))
+
+
+def range_reader(connection: Connection, topic: str, partition: int, start: int, end: int, *,
+                 include_headers: bool, poll_timeout_s: float,
+                 overrides: Mapping[str, Any] | None = None) -> RangeReader:
+    """redrive._rangeread's reader of offsets [start, end) of one partition, configured as an
+    assign-only consumer; raises ImportError when the extension was not built."""
+    from redrive import _rangeread
+
+    config = consumer_config(connection, None, {**(overrides or {}),
+                                                "enable.partition.eof": True})
+    settings: list[tuple[str, str]] = []
+    for name, value in config.items():
+        if callable(value):
+            raise InvalidArgument(name, value, "a callback cannot be set on the native reader")
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        settings.append((name, text))
+    return _rangeread.RangeReader(settings, topic, partition, start, end, include_headers,
+                                  max(1, round(poll_timeout_s * 1000)))
 
 
 class Admin(AdminClient):

@@ -157,6 +157,8 @@ def test_schema_is_that_of_sparks_kafka_source(spark: Any, bootstrap: str) -> No
      "kafka.auto.offset.reset"),
     ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "redrive.gatedTopics": "a,(b"},
      "redrive.gatedTopics"),
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "redrive.reader": "fast"},
+     "redrive.reader"),
 ])
 def test_bad_options_are_named_in_the_error(spark: Any, options: dict[str, str],
                                             named: str) -> None:

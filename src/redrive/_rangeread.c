@@ -1,0 +1,494 @@
+/* redrive._rangeread: read offsets [start, end) of one Kafka partition straight into Arrow buffers.
+ *
+ * The Spark source spends most of a read making a Python object per record (a confluent-kafka
+ * Message, its key, value, timestamp tuple and headers) only to pour them into Arrow arrays. This
+ * reader fills the Arrow columns' buffers from librdkafka's messages in C, with the GIL released,
+ * and hands back one bytes object per buffer; redrive.spark.native_read wraps them as arrays.
+ *
+ * The loop's rules are those of the Python reader in redrive.spark.source: the position moves by
+ * records and by end-of-partition events (under read_committed the last offsets of a range may be
+ * transaction markers or aborted records, never delivered), offsets at or past `end` are dropped,
+ * any other consumer error is fatal, and a read that makes no progress for `poll_timeout_ms` fails.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <librdkafka/rdkafka.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define CONSUME_BATCH 5000
+#define POLL_MS 500
+
+static PyObject *ReadError;
+
+/* A growable byte buffer. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+} Buf;
+
+static int buf_reserve(Buf *b, size_t more) {
+    if (b->len + more <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *data = realloc(b->data, cap);
+    if (data == NULL)
+        return -1;
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const void *src, size_t n) {
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    if (n)
+        memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+/* A nullable Arrow binary/string column: validity bitmap, int32 offsets, data. */
+typedef struct {
+    Buf validity, offsets, data;
+    int64_t rows, nulls;
+} BinCol;
+
+static int bit_put(Buf *bitmap, int64_t row, int valid) {
+    if (row % 8 == 0) {
+        char zero = 0;
+        if (buf_put(bitmap, &zero, 1) < 0)
+            return -1;
+    }
+    if (valid)
+        bitmap->data[row / 8] |= (char)(1 << (row % 8));
+    return 0;
+}
+
+static int bincol_put(BinCol *c, const void *src, size_t n, int valid) {
+    if (c->rows == 0) {
+        int32_t zero = 0;
+        if (buf_put(&c->offsets, &zero, sizeof zero) < 0)
+            return -1;
+    }
+    if (bit_put(&c->validity, c->rows, valid) < 0)
+        return -1;
+    if (valid && buf_put(&c->data, src, n) < 0)
+        return -1;
+    if (c->data.len > INT32_MAX)
+        return -1;
+    int32_t end = (int32_t)c->data.len;
+    if (buf_put(&c->offsets, &end, sizeof end) < 0)
+        return -1;
+    c->rows++;
+    c->nulls += !valid;
+    return 0;
+}
+
+static void buf_clear(Buf *b) { b->len = 0; }
+
+static void bincol_clear(BinCol *c) {
+    buf_clear(&c->validity);
+    buf_clear(&c->offsets);
+    buf_clear(&c->data);
+    c->rows = c->nulls = 0;
+}
+
+static void bincol_free(BinCol *c) {
+    free(c->validity.data);
+    free(c->offsets.data);
+    free(c->data.data);
+    memset(c, 0, sizeof *c);
+}
+
+/* One batch's columns. Headers are list<struct<key: string, value: binary>>: the list's
+ * validity and offsets, and the struct's two children. */
+typedef struct {
+    BinCol keys, values, header_keys, header_values;
+    Buf offsets, timestamps_us, timestamp_types, header_validity, header_offsets;
+    int64_t rows, header_nulls;
+} Batch;
+
+static void batch_clear(Batch *b) {
+    bincol_clear(&b->keys);
+    bincol_clear(&b->values);
+    bincol_clear(&b->header_keys);
+    bincol_clear(&b->header_values);
+    buf_clear(&b->offsets);
+    buf_clear(&b->timestamps_us);
+    buf_clear(&b->timestamp_types);
+    buf_clear(&b->header_validity);
+    buf_clear(&b->header_offsets);
+    b->rows = b->header_nulls = 0;
+}
+
+static void batch_free(Batch *b) {
+    bincol_free(&b->keys);
+    bincol_free(&b->values);
+    bincol_free(&b->header_keys);
+    bincol_free(&b->header_values);
+    free(b->offsets.data);
+    free(b->timestamps_us.data);
+    free(b->timestamp_types.data);
+    free(b->header_validity.data);
+    free(b->header_offsets.data);
+    memset(b, 0, sizeof *b);
+}
+
+static int batch_headers(Batch *b, const rd_kafka_message_t *m) {
+    rd_kafka_headers_t *hdrs = NULL;
+    size_t count = 0;
+    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR)
+        count = rd_kafka_header_cnt(hdrs);
+    if (b->rows == 0) {
+        int32_t zero = 0;
+        if (buf_put(&b->header_offsets, &zero, sizeof zero) < 0)
+            return -1;
+    }
+    /* A record without headers has a null list, as confluent-kafka's headers() gives None. */
+    if (bit_put(&b->header_validity, b->rows, count > 0) < 0)
+        return -1;
+    b->header_nulls += count == 0;
+    for (size_t i = 0; i < count; i++) {
+        const char *name;
+        const void *value;
+        size_t size;
+        if (rd_kafka_header_get_all(hdrs, i, &name, &value, &size) != RD_KAFKA_RESP_ERR_NO_ERROR)
+            return -1;
+        if (bincol_put(&b->header_keys, name, strlen(name), 1) < 0 ||
+            bincol_put(&b->header_values, value, size, value != NULL) < 0)
+            return -1;
+    }
+    int32_t end = (int32_t)b->header_keys.rows;
+    return buf_put(&b->header_offsets, &end, sizeof end);
+}
+
+static int batch_add(Batch *b, const rd_kafka_message_t *m, int with_headers) {
+    rd_kafka_timestamp_type_t kind;
+    int64_t ms = rd_kafka_message_timestamp(m, &kind);
+    int64_t us = ms * 1000;
+    /* Spark's timestampType: -1 none, 0 create time, 1 log append time (librdkafka's minus 1). */
+    int32_t spark_kind = (int32_t)kind - 1;
+    int64_t offset = m->offset;
+    if (bincol_put(&b->keys, m->key, m->key_len, m->key != NULL) < 0 ||
+        bincol_put(&b->values, m->payload, m->len, m->payload != NULL) < 0 ||
+        buf_put(&b->offsets, &offset, sizeof offset) < 0 ||
+        buf_put(&b->timestamps_us, &us, sizeof us) < 0 ||
+        buf_put(&b->timestamp_types, &spark_kind, sizeof spark_kind) < 0)
+        return -1;
+    if (with_headers && batch_headers(b, m) < 0)
+        return -1;
+    b->rows++;
+    return 0;
+}
+
+typedef struct {
+    PyObject_HEAD
+    rd_kafka_t *rk;
+    rd_kafka_queue_t *queue;
+    char *topic;
+    int32_t partition;
+    int64_t start, end, position;
+    int with_headers;
+    int poll_timeout_ms;
+    Batch batch;
+    /* The last consumed messages; those from `next` to `count` are not taken yet. */
+    rd_kafka_message_t *messages[CONSUME_BATCH];
+    ssize_t next, count;
+} RangeReader;
+
+static double monotonic_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void reader_close(RangeReader *self) {
+    rd_kafka_t *rk = self->rk;
+    rd_kafka_queue_t *queue = self->queue;
+    self->rk = NULL;
+    self->queue = NULL;
+    if (rk == NULL)
+        return;
+    while (self->next < self->count)
+        rd_kafka_message_destroy(self->messages[self->next++]);
+    Py_BEGIN_ALLOW_THREADS
+    if (queue != NULL)
+        rd_kafka_queue_destroy(queue);
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    Py_END_ALLOW_THREADS
+}
+
+static void RangeReader_dealloc(RangeReader *self) {
+    reader_close(self);
+    batch_free(&self->batch);
+    PyMem_Free(self->topic);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int RangeReader_init(RangeReader *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"config", "topic", "partition", "start", "end", "include_headers",
+                            "poll_timeout_ms", NULL};
+    PyObject *config;
+    const char *topic;
+    int partition, with_headers, poll_timeout_ms;
+    long long start, end;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OsiLLpi", names, &config, &topic, &partition,
+                                     &start, &end, &with_headers, &poll_timeout_ms))
+        return -1;
+    if (self->rk != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "RangeReader is already initialised");
+        return -1;
+    }
+    if (start < 0 || end < start) {
+        PyErr_Format(PyExc_ValueError, "bad range [%lld, %lld)", start, end);
+        return -1;
+    }
+    PyObject *items = PySequence_Fast(config, "config must be a sequence of (name, value)");
+    if (items == NULL)
+        return -1;
+    char errstr[512];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items); i++) {
+        const char *name, *value;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, i), "ss", &name, &value)) {
+            rd_kafka_conf_destroy(conf);
+            Py_DECREF(items);
+            return -1;
+        }
+        if (rd_kafka_conf_set(conf, name, value, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+            PyErr_Format(PyExc_ValueError, "client setting %s=%s: %s", name, value, errstr);
+            rd_kafka_conf_destroy(conf);
+            Py_DECREF(items);
+            return -1;
+        }
+    }
+    Py_DECREF(items);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
+    if (rk == NULL) {
+        rd_kafka_conf_destroy(conf);
+        PyErr_Format(ReadError, "cannot create a consumer: %s", errstr);
+        return -1;
+    }
+    self->rk = rk;
+    rd_kafka_poll_set_consumer(rk);
+    self->queue = rd_kafka_queue_get_consumer(rk);
+    size_t topic_len = strlen(topic) + 1;
+    self->topic = PyMem_Malloc(topic_len);
+    if (self->topic == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(self->topic, topic, topic_len);
+    self->partition = partition;
+    self->start = self->position = start;
+    self->end = end;
+    self->with_headers = with_headers;
+    self->poll_timeout_ms = poll_timeout_ms;
+    rd_kafka_topic_partition_list_t *assignment = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(assignment, topic, partition)->offset = start;
+    rd_kafka_resp_err_t err = rd_kafka_assign(rk, assignment);
+    rd_kafka_topic_partition_list_destroy(assignment);
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        PyErr_Format(ReadError, "cannot assign %s[%d]: %s", topic, partition, rd_kafka_err2str(err));
+        return -1;
+    }
+    return 0;
+}
+
+/* Put one consumed message into the batch, or account for it. Returns -1 on a fatal error. */
+static int take(RangeReader *self, const rd_kafka_message_t *m, char *why, size_t why_len) {
+    if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+        if (m->offset > self->position)
+            self->position = m->offset < self->end ? m->offset : self->end;
+    } else if (m->err) {
+        snprintf(why, why_len, "%s", rd_kafka_message_errstr(m));
+        return -1;
+    } else if (m->offset >= self->end) {
+        self->position = self->end;
+    } else if (m->offset >= self->position) {
+        if (batch_add(&self->batch, m, self->with_headers) < 0) {
+            snprintf(why, why_len, "out of memory, or a batch over 2 GiB");
+            return -1;
+        }
+        self->position = m->offset + 1;
+    }
+    return 0;
+}
+
+/* Fill the batch until it holds max_rows records or max_bytes of keys and values, or the range
+ * is done. Messages consumed beyond a full batch wait in `messages` for the next call. Runs
+ * without the GIL; on failure writes why into `why` and returns -1. */
+static int fill(RangeReader *self, int64_t max_rows, int64_t max_bytes, char *why, size_t why_len) {
+    Batch *b = &self->batch;
+    int64_t seen = self->position;
+    double idle_until = monotonic_ms() + self->poll_timeout_ms;
+    while (self->position < self->end && b->rows < max_rows &&
+           (int64_t)(b->keys.data.len + b->values.data.len) < max_bytes) {
+        if (self->next < self->count) {
+            rd_kafka_message_t *m = self->messages[self->next++];
+            int rc = take(self, m, why, why_len);
+            rd_kafka_message_destroy(m);
+            if (rc < 0)
+                return -1;
+            continue;
+        }
+        double now = monotonic_ms();
+        if (self->position > seen) {
+            seen = self->position;
+            idle_until = now + self->poll_timeout_ms;
+        } else if (now > idle_until) {
+            snprintf(why, why_len, "stuck at offset %lld for %.1fs (kafkaConsumer.pollTimeoutMs)",
+                     (long long)self->position, self->poll_timeout_ms / 1000.0);
+            return -1;
+        }
+        /* The batch call waits for all it asks for or the timeout: never ask for more than the
+         * range can still hold. */
+        int64_t wanted = self->end - self->position;
+        if (wanted > CONSUME_BATCH)
+            wanted = CONSUME_BATCH;
+        ssize_t n = rd_kafka_consume_batch_queue(self->queue, POLL_MS, self->messages,
+                                                 (size_t)wanted);
+        if (n < 0) {
+            snprintf(why, why_len, "%s", rd_kafka_err2str(rd_kafka_last_error()));
+            return -1;
+        }
+        self->next = 0;
+        self->count = n;
+        if (n == 0) {
+            /* Nothing delivered, yet the position may have passed markers or aborted records. */
+            rd_kafka_topic_partition_list_t *tp = rd_kafka_topic_partition_list_new(1);
+            rd_kafka_topic_partition_list_add(tp, self->topic, self->partition);
+            if (rd_kafka_position(self->rk, tp) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+                tp->elems[0].offset > self->position)
+                self->position = tp->elems[0].offset < self->end ? tp->elems[0].offset : self->end;
+            rd_kafka_topic_partition_list_destroy(tp);
+        }
+    }
+    return 0;
+}
+
+static PyObject *bytes_of(const Buf *b) { return PyBytes_FromStringAndSize(b->data, (Py_ssize_t)b->len); }
+
+/* (validity or None, offsets, data, null count) of a binary column. */
+static PyObject *bincol_tuple(const BinCol *c) {
+    if (c->rows == 0)
+        return Py_BuildValue("(Oy#y#L)", Py_None, "\0\0\0\0", (Py_ssize_t)4, "", (Py_ssize_t)0,
+                             0LL);
+    PyObject *validity = c->nulls ? bytes_of(&c->validity) : Py_NewRef(Py_None);
+    if (validity == NULL)
+        return NULL;
+    return Py_BuildValue("(NNNL)", validity, bytes_of(&c->offsets), bytes_of(&c->data),
+                         (long long)c->nulls);
+}
+
+static PyObject *RangeReader_read(RangeReader *self, PyObject *args) {
+    long long max_rows, max_bytes;
+    if (!PyArg_ParseTuple(args, "LL", &max_rows, &max_bytes))
+        return NULL;
+    if (self->rk == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "RangeReader is closed");
+        return NULL;
+    }
+    Batch *b = &self->batch;
+    batch_clear(b);
+    char why[512] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fill(self, max_rows, max_bytes, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_SetString(ReadError, why);
+        return NULL;
+    }
+    if (b->rows == 0)
+        Py_RETURN_NONE;
+    PyObject *headers;
+    if (self->with_headers) {
+        PyObject *list_validity = b->header_nulls ? bytes_of(&b->header_validity)
+                                                  : Py_NewRef(Py_None);
+        if (list_validity == NULL)
+            return NULL;
+        headers = Py_BuildValue("(NLNLNN)", list_validity, (long long)b->header_nulls,
+                                bytes_of(&b->header_offsets), (long long)b->header_keys.rows,
+                                bincol_tuple(&b->header_keys), bincol_tuple(&b->header_values));
+    } else {
+        headers = Py_NewRef(Py_None);
+    }
+    if (headers == NULL)
+        return NULL;
+    return Py_BuildValue("(LNNNNNN)", (long long)b->rows, bincol_tuple(&b->keys),
+                         bincol_tuple(&b->values), bytes_of(&b->offsets),
+                         bytes_of(&b->timestamps_us), bytes_of(&b->timestamp_types), headers);
+}
+
+static PyObject *RangeReader_close(RangeReader *self, PyObject *Py_UNUSED(ignored)) {
+    reader_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *RangeReader_position(RangeReader *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromLongLong(self->position);
+}
+
+static PyMethodDef RangeReader_methods[] = {
+    {"read", (PyCFunction)RangeReader_read, METH_VARARGS,
+     "read(max_rows, max_bytes) -> the next batch's buffers, or None when the range is done"},
+    {"close", (PyCFunction)RangeReader_close, METH_NOARGS, "close the consumer"},
+    {NULL},
+};
+
+static PyGetSetDef RangeReader_getset[] = {
+    {"position", (getter)RangeReader_position, NULL, "the next offset to read", NULL},
+    {NULL},
+};
+
+static PyTypeObject RangeReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "redrive._rangeread.RangeReader",
+    .tp_doc = "Reads offsets [start, end) of one partition into Arrow buffers.",
+    .tp_basicsize = sizeof(RangeReader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)RangeReader_init,
+    .tp_dealloc = (destructor)RangeReader_dealloc,
+    .tp_methods = RangeReader_methods,
+    .tp_getset = RangeReader_getset,
+};
+
+static PyObject *librdkafka_version(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+    return PyUnicode_FromString(rd_kafka_version_str());
+}
+
+static PyMethodDef module_methods[] = {
+    {"librdkafka_version", librdkafka_version, METH_NOARGS, "the linked librdkafka's version"},
+    {NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "redrive._rangeread",
+    .m_doc = "Reads a Kafka partition range into Arrow buffers, in C.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__rangeread(void) {
+    if (PyType_Ready(&RangeReaderType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    ReadError = PyErr_NewException("redrive._rangeread.ReadError", PyExc_RuntimeError, NULL);
+    if (ReadError == NULL || PyModule_AddObjectRef(m, "ReadError", ReadError) < 0 ||
+        PyModule_AddObjectRef(m, "RangeReader", (PyObject *)&RangeReaderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
