@@ -658,14 +658,21 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBa
 
 def _read_native(options: SourceOptions, part: KafkaRange,
                  schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    from redrive._rangeread import ReadError
+    from redrive._rangeread import ReadError, librdkafka_version
     from redrive.spark import native_range
 
     try:
-        reader = kafka.range_reader(options.bootstrap, part.topic, part.partition, part.start,
-                                    part.end, include_headers=options.include_headers,
-                                    poll_timeout_s=options.poll_timeout_s,
-                                    overrides=options.client_overrides)
+        try:
+            reader = kafka.range_reader(options.bootstrap, part.topic, part.partition,
+                                        part.start, part.end,
+                                        include_headers=options.include_headers,
+                                        poll_timeout_s=options.poll_timeout_s,
+                                        overrides=options.client_overrides)
+        except ValueError as exc:
+            # The system's librdkafka may be older than confluent-kafka's own.
+            raise SourceOptionError("kafka.*", str(exc), (
+                f"rejected by librdkafka {librdkafka_version()}, which the native reader "
+                "links; redrive.reader=python reads through confluent-kafka")) from None
         try:
             yield from native_range.batches(reader, part.topic, part.partition, schema,
                                             max_rows=ARROW_BATCH_ROWS,

@@ -13,6 +13,7 @@ from redrive import kafka
 from redrive.spark.source import (
     KafkaRange,
     KafkaReadFailed,
+    SourceOptionError,
     SourceOptions,
     native_reader_built,
     read_range,
@@ -127,6 +128,6 @@ def test_a_range_past_the_end_fails_naming_the_offset(bootstrap: str, new_topic:
 
 def test_a_bad_client_setting_is_named(bootstrap: str, new_topic: Any) -> None:
     topic = new_topic(1)
-    with pytest.raises(ValueError, match=r"fetch\.min\.bytes=lots"):
+    with pytest.raises(SourceOptionError, match=r"fetch\.min\.bytes=lots.*redrive\.reader=python"):
         list(read_range(options(bootstrap, topic, "native", **{"kafka.fetch.min.bytes": "lots"}),
                         KafkaRange(topic, 0, 0, 1)))
