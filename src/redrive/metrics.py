@@ -7,6 +7,8 @@ own by default so that several runtimes in one process (tests, notebooks) never 
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -94,6 +96,29 @@ class Metrics:
 
     def handler_took(self, seconds: float) -> None:
         self._child(self._handler).observe(seconds)
+
+    def handler_took_all(self, samples: Sequence[float]) -> None:
+        """handler_took(seconds) for each of `samples` (handler times, never NaN), at once.
+
+        Histogram.observe takes two locks and about 1 µs per sample: ~60 ns a record for a
+        consumer that times one record in 16. Here the sum and each bucket touched are updated
+        once, which leaves the same bucket counts and sum (up to the order of float additions).
+        prometheus_client has no bulk update, so this uses its histogram child's layout: sorted
+        `_upper_bounds` ending in +Inf, one `_buckets` value per bound, and `_sum`
+        (tests/unit/test_metrics.py checks the result against handler_took).
+        """
+        if not samples:
+            return
+        child = self._child(self._handler)
+        bounds = child._upper_bounds
+        counts: dict[int, int] = {}
+        for seconds in samples:
+            # The first bucket whose bound is >= seconds: the one observe() counts it in.
+            index = bisect_left(bounds, seconds)
+            counts[index] = counts.get(index, 0) + 1
+        child._sum.inc(sum(samples))
+        for index, count in counts.items():
+            child._buckets[index].inc(count)
 
     def paused_partitions(self, count: int) -> None:
         self._child(self._paused).set(count)

@@ -32,7 +32,10 @@ class Batch:
     stopped: set[TopicPartition] = field(default_factory=set)
     copies: list[Copy] = field(default_factory=list)
     processed: Counter[str] = field(default_factory=Counter)  # handled successfully, by main topic
-    handled: int = 0  # handler calls
+    # Handler calls left until the next one timed for the handler-time histogram, counting it:
+    # the first call of a batch is timed, then one in runtime.HANDLER_SAMPLE.
+    until_sample: int = 1
+    handler_times: list[float] = field(default_factory=list)  # observed once the batch is done
 
     def finish(self, tp: TopicPartition, offset: int) -> None:
         self.finished[tp] = offset

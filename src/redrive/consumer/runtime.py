@@ -56,7 +56,7 @@ from redrive.consumer.pipeline import Pending, Pipeline
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
 from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
-from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, new_record
+from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, RecordDraft, new_record
 from redrive.routing import DeadLetter, Retry, route
 from redrive.signals import stop_on_signals
 from redrive.topics import check_name, plans
@@ -276,15 +276,26 @@ class RetryingConsumer:
     # --- one batch -----------------------------------------------------------------------------
 
     def _handle_batch(self, messages: Sequence[Message]) -> None:
-        """Handle a poll batch in order, then hand it to `_complete`.
+        """Handle a poll batch in order, count it in the metrics, then hand it to `_complete`."""
+        if self._prefetching:
+            self._backend.prefetch(self._to_admit(messages))
+        batch = Batch()
+        try:
+            self._handle_records(messages, batch)
+        finally:
+            # So that the times taken before a BaseException out of a handler are observed too.
+            self.metrics.handler_took_all(batch.handler_times)
+        for name, count in batch.processed.items():
+            self.metrics.processed(name, count)
+        self._complete(batch)
+
+    def _handle_records(self, messages: Sequence[Message], batch: Batch) -> None:
+        """Handle a poll batch's records in order into `batch`.
 
         Records of one partition come in runs; per-partition bookkeeping (taken? stopped? main
         topic, last finished offset, successes) is done once per run, and a record without
         headers whose handler returns takes a path with nothing else on it.
         """
-        if self._prefetching:
-            self._backend.prefetch(self._to_admit(messages))
-        batch = Batch()
         first, finished, stopped = batch.first, batch.finished, batch.stopped
         assigned = self._assigned
         main_of = self._main_of
@@ -292,7 +303,9 @@ class RetryingConsumer:
         processed = batch.processed
         plain = self._plain_backend
         track_in_place = self._in_place_policies
-        handled = 0
+        handler_times = batch.handler_times
+        draft, record_type, no_history = RecordDraft, Record, NO_HISTORY
+        until_sample = batch.until_sample
         topic: str | None = None
         partition = -1
         tp: TopicPartition = ("", -1)
@@ -335,29 +348,39 @@ class RetryingConsumer:
                 if last >= 0:
                     finished[tp] = last
                     last = -1
-                batch.handled = handled
+                batch.until_sample = until_sample
                 self._handle(message, tp, offset, batch, raw_headers, main)
-                handled = batch.handled
+                until_sample = batch.until_sample
                 skip = tp in stopped
                 continue
             # The common case: no headers, so no redrive history, no due time, another group's
-            # filter cannot apply, and the backend has nothing to admit or record.
-            record = new_record(m_topic, m_partition, offset, message.timestamp()[1],
-                                message.key(), message.value(), [], NO_HISTORY)
-            handled += 1
+            # filter cannot apply, and the backend has nothing to admit or record. The record is
+            # built as new_record(...) builds it, written out to save the call (see RecordDraft).
+            record: Any = draft()
+            record.topic = m_topic
+            record.partition = m_partition
+            record.offset = offset
+            record.timestamp_ms = message.timestamp()[1]
+            record.key = message.key()
+            record.value = message.value()
+            record.headers = []
+            record.delivery = no_history
+            record.__class__ = record_type
             failure: Exception | None = None
-            if handled % HANDLER_SAMPLE != 1:
+            until_sample -= 1
+            if until_sample:
                 try:
                     handler(record)
                 except Exception as exc:
                     failure = exc
             else:
+                until_sample = HANDLER_SAMPLE
                 started = time.perf_counter()
                 try:
                     handler(record)
                 except Exception as exc:
                     failure = exc
-                self.metrics.handler_took(time.perf_counter() - started)
+                handler_times.append(time.perf_counter() - started)
             if failure is None:
                 ok += 1
                 last = offset
@@ -376,10 +399,7 @@ class RetryingConsumer:
             processed[main] += ok
         if last >= 0:
             finished[tp] = last
-        batch.handled = handled
-        for name, count in processed.items():
-            self.metrics.processed(name, count)
-        self._complete(batch)
+        batch.until_sample = until_sample
 
     def _to_admit(self, messages: Sequence[Message]) -> list[Record]:
         """The records of a batch the backend's `admit` may be asked about and wants ahead: those
@@ -446,9 +466,10 @@ class RetryingConsumer:
             self.handler(record)
         except Exception as exc:
             failure = exc
-        batch.handled += 1
-        if batch.handled % HANDLER_SAMPLE == 1:
-            self.metrics.handler_took(time.perf_counter() - started)
+        batch.until_sample -= 1
+        if not batch.until_sample:
+            batch.until_sample = HANDLER_SAMPLE
+            batch.handler_times.append(time.perf_counter() - started)
 
         if failure is None:
             self._backend.succeeded(record)
