@@ -30,7 +30,6 @@ from redrive.record import Record
 from redrive.routing import DeadLetter, Retry, Route
 from redrive.spark import tasks
 from redrive.spark.outcomes import PipelineStats
-from redrive.spark.writer import write_to_kafka
 
 log = logging.getLogger("redrive.spark")
 
@@ -264,19 +263,14 @@ class RetryPipeline:
 
     def _route_failures(self, failed: Any) -> None:
         """Copy failed records to their retry or dead-letter topic; raise unless all confirmed."""
-        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
 
-        routed = failed.mapInArrow(
-            partial(tasks.route_batches, policy=self.route_policy, group=self.group,
-                    partitions=dict(self._partitions)),
-            _routed_schema()).persist()
-        try:
-            write_to_kafka(routed.where(F.col("topic").isNotNull())
-                           .select("topic", "key", "value", "headers", "partition"),
-                           self.connection)
-            self._count_routed(routed)
-        finally:
-            routed.unpersist()
+        body = tasks.RouteAndProduce(self.route_policy, self.group, dict(self._partitions),
+                                     self.connection if isinstance(self.connection, str)
+                                     else dict(self.connection))
+        for row in failed.mapInArrow(body, from_arrow_schema(tasks.ROUTE_COUNTS_SCHEMA)).collect():
+            self._count_route(row["kind"], row["topic"], row["reason"], row["attempt"],
+                              row["count"])
 
     def _write_sink(self, successes: Any, batch_id: int) -> None:
         if callable(self.sink):
@@ -309,11 +303,6 @@ class RetryPipeline:
             else:
                 failed += row["n"]
         return failed
-
-    def _count_routed(self, routed: Any) -> None:
-        for row in routed.groupBy("kind", "reason", "attempt", "topic").count().collect():
-            self._count_route(row["kind"], row["topic"], row["reason"], row["attempt"],
-                              row["count"])
 
     def _count_route(self, kind: str, topic: str | None, reason: str | None, attempt: int,
                      count: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -16,11 +17,13 @@ from typing import Any
 import pyarrow as pa
 
 from redrive import headers as h
+from redrive import kafka
 from redrive.errors import MalformedHeader
 from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
-from redrive.routing import DeadLetter, route
+from redrive.routing import DeadLetter, Route, route
+from redrive.spark.writer import cached_producer
 from redrive.topics import partition_for
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
@@ -51,6 +54,13 @@ ROUTED_SCHEMA = pa.schema([
     ("kind", pa.string()),
     ("reason", pa.string()),
     ("attempt", pa.int32()),
+])
+ROUTE_COUNTS_SCHEMA = pa.schema([
+    ("kind", pa.string()),
+    ("reason", pa.string()),
+    ("attempt", pa.int32()),
+    ("topic", pa.string()),
+    ("count", pa.int64()),
 ])
 
 
@@ -261,6 +271,16 @@ def _conform(output: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str
     return {name: output.get(name) for name in names}
 
 
+def _routed(row: Mapping[str, Any], policy: RetryPolicy, group: str,
+            partitions: Mapping[str, int], now: int) -> tuple[Record, Route, str, int | None]:
+    """A failed row's record, its route, the route's kind and the copy's partition."""
+    record = record_of(row)
+    decision = route(record, error_of(row), policy, now, group=group)
+    kind = "dead-letter" if isinstance(decision, DeadLetter) else "retry"
+    count = partitions.get(decision.topic, 0) if decision.topic is not None else 0
+    return record, decision, kind, partition_for(decision.partition, count)
+
+
 def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, group: str,
                   partitions: Mapping[str, int]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body over failed rows: each becomes its retry or dead-letter copy."""
@@ -268,17 +288,51 @@ def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, gro
         out: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
         now = _now_ms()
         for row in batch.to_pylist():
-            record = record_of(row)
-            decision = route(record, error_of(row), policy, now, group=group)
-            kind = "dead-letter" if isinstance(decision, DeadLetter) else "retry"
-            topic = decision.topic
-            out["topic"].append(topic)
+            record, decision, kind, partition = _routed(row, policy, group, partitions, now)
+            out["topic"].append(decision.topic)
             out["key"].append(record.key)
             out["value"].append(record.value)
             out["headers"].append([{"key": k, "value": v} for k, v in decision.headers])
-            count = partitions.get(topic, 0) if topic is not None else 0
-            out["partition"].append(partition_for(decision.partition, count))
+            out["partition"].append(partition)
             out["kind"].append(kind)
             out["reason"].append(decision.reason if isinstance(decision, DeadLetter) else None)
             out["attempt"].append(decision.attempt)
         yield pa.RecordBatch.from_pydict(out, schema=ROUTED_SCHEMA)
+
+
+@dataclass(frozen=True)
+class RouteAndProduce:
+    """mapInArrow body over failed rows that routes each and produces its copy in the same task,
+    then yields one row per (kind, reason, attempt, topic) with how many records went that way.
+
+    One Spark job instead of three (route, write, count): a task returns only once the broker
+    acknowledged every copy it produced, and raises otherwise, so the batch then fails and is
+    retried before its offsets are committed. A class at module level is pickled by reference,
+    so executors use the writer's producer cache."""
+
+    policy: RetryPolicy
+    group: str
+    partitions: Mapping[str, int]
+    connection: kafka.Connection
+    timeout_s: float = 30.0
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        counts: Counter[tuple[str, str | None, int, str | None]] = Counter()
+
+        def copies() -> Iterator[kafka.OutRecord]:
+            for batch in batches:
+                now = _now_ms()
+                for row in batch.to_pylist():
+                    record, decision, kind, partition = _routed(
+                        row, self.policy, self.group, self.partitions, now)
+                    reason = decision.reason if isinstance(decision, DeadLetter) else None
+                    counts[(kind, reason, decision.attempt, decision.topic)] += 1
+                    if decision.topic is not None:
+                        yield kafka.OutRecord(decision.topic, record.value, record.key,
+                                              decision.headers, partition)
+
+        kafka.produce_confirmed(cached_producer(self.connection), copies(), self.timeout_s)
+        yield pa.RecordBatch.from_pylist(
+            [{"kind": kind, "reason": reason, "attempt": attempt, "topic": topic, "count": n}
+             for (kind, reason, attempt, topic), n in counts.items()],
+            schema=ROUTE_COUNTS_SCHEMA)

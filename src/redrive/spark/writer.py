@@ -49,8 +49,11 @@ class WriterInputError(RedriveError, ValueError):
         super().__init__(f"cannot write to Kafka: column {column}={value!r}: {why}")
 
 
-def _producer(connection: kafka.Connection, overrides: Mapping[str, Any]) -> Producer:
-    key = json.dumps([connection, dict(overrides)], sort_keys=True, default=str)
+def cached_producer(connection: kafka.Connection,
+                    overrides: Mapping[str, Any] | None = None) -> Producer:
+    """This worker's producer for (connection, overrides), made once and kept: a producer
+    cannot be pickled, and a new one per task would connect again each time."""
+    key = json.dumps([connection, dict(overrides or {})], sort_keys=True, default=str)
     producer = _PRODUCERS.get(key)
     if producer is None:
         producer = kafka.producer(connection, overrides=overrides)
@@ -102,7 +105,7 @@ class _PartitionWriter:
     timeout_s: float
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        producer = _producer(self.connection, self.overrides)
+        producer = cached_producer(self.connection, self.overrides)
         delivered = kafka.produce_confirmed(producer, _records(batches, self.default_topic),
                                             self.timeout_s)
         yield pa.RecordBatch.from_arrays([pa.array([len(delivered)], pa.int64())],
