@@ -432,19 +432,10 @@ static PyObject *RangeReader_close(RangeReader *self, PyObject *Py_UNUSED(ignore
     Py_RETURN_NONE;
 }
 
-static PyObject *RangeReader_position(RangeReader *self, void *Py_UNUSED(closure)) {
-    return PyLong_FromLongLong(self->position);
-}
-
 static PyMethodDef RangeReader_methods[] = {
     {"read", (PyCFunction)RangeReader_read, METH_VARARGS,
      "read(max_rows, max_bytes) -> the next batch's buffers, or None when the range is done"},
     {"close", (PyCFunction)RangeReader_close, METH_NOARGS, "close the consumer"},
-    {NULL},
-};
-
-static PyGetSetDef RangeReader_getset[] = {
-    {"position", (getter)RangeReader_position, NULL, "the next offset to read", NULL},
     {NULL},
 };
 
@@ -458,7 +449,6 @@ static PyTypeObject RangeReaderType = {
     .tp_init = (initproc)RangeReader_init,
     .tp_dealloc = (destructor)RangeReader_dealloc,
     .tp_methods = RangeReader_methods,
-    .tp_getset = RangeReader_getset,
 };
 
 static PyObject *librdkafka_version(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {

@@ -272,13 +272,16 @@ def _conform(output: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str
 
 
 def _routed(row: Mapping[str, Any], policy: RetryPolicy, group: str,
-            partitions: Mapping[str, int], now: int) -> tuple[Record, Route, str, int | None]:
-    """A failed row's record, its route, the route's kind and the copy's partition."""
+            partitions: Mapping[str, int], now: int
+            ) -> tuple[Record, Route, str, str | None, int | None]:
+    """A failed row's record, its route, the route's kind and dead-letter reason (None for a
+    retry), and the copy's partition."""
     record = record_of(row)
     decision = route(record, error_of(row), policy, now, group=group)
-    kind = "dead-letter" if isinstance(decision, DeadLetter) else "retry"
+    kind, reason = (("dead-letter", decision.reason) if isinstance(decision, DeadLetter)
+                    else ("retry", None))
     count = partitions.get(decision.topic, 0) if decision.topic is not None else 0
-    return record, decision, kind, partition_for(decision.partition, count)
+    return record, decision, kind, reason, partition_for(decision.partition, count)
 
 
 def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, group: str,
@@ -288,14 +291,15 @@ def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, gro
         out: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
         now = _now_ms()
         for row in batch.to_pylist():
-            record, decision, kind, partition = _routed(row, policy, group, partitions, now)
+            record, decision, kind, reason, partition = _routed(row, policy, group,
+                                                                partitions, now)
             out["topic"].append(decision.topic)
             out["key"].append(record.key)
             out["value"].append(record.value)
             out["headers"].append([{"key": k, "value": v} for k, v in decision.headers])
             out["partition"].append(partition)
             out["kind"].append(kind)
-            out["reason"].append(decision.reason if isinstance(decision, DeadLetter) else None)
+            out["reason"].append(reason)
             out["attempt"].append(decision.attempt)
         yield pa.RecordBatch.from_pydict(out, schema=ROUTED_SCHEMA)
 
@@ -323,9 +327,8 @@ class RouteAndProduce:
             for batch in batches:
                 now = _now_ms()
                 for row in batch.to_pylist():
-                    record, decision, kind, partition = _routed(
+                    record, decision, kind, reason, partition = _routed(
                         row, self.policy, self.group, self.partitions, now)
-                    reason = decision.reason if isinstance(decision, DeadLetter) else None
                     counts[(kind, reason, decision.attempt, decision.topic)] += 1
                     if decision.topic is not None:
                         yield kafka.OutRecord(decision.topic, record.value, record.key,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from redrive import kafka
 from redrive.spark import register
 
 
@@ -39,3 +40,19 @@ def spark() -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+
+
+def produce_transactions(bootstrap: str, topic: str, transactional_id: str,
+                         transactions: list[tuple[list[str], bool]]) -> None:
+    """Produce each (values, commit) as one transaction, committed or aborted."""
+    producer = kafka.producer(bootstrap, transactional_id=transactional_id)
+    producer.init_transactions()
+    for values, commit in transactions:
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, value=value.encode())
+        producer.flush()
+        if commit:
+            producer.commit_transaction()
+        else:
+            producer.abort_transaction()

@@ -19,6 +19,8 @@ from redrive.spark.source import (
     read_range,
 )
 
+from .conftest import produce_transactions
+
 pytestmark = pytest.mark.integration
 
 READERS = ("native", "python")
@@ -98,17 +100,8 @@ def test_the_native_reader_ends_a_batch_at_its_byte_bound(bootstrap: str, new_to
 def test_read_committed_ends_on_the_last_marker(bootstrap: str, new_topic: Any,
                                                 unique_name: Any, reader: str) -> None:
     topic = new_topic(1)
-    producer = kafka.producer(bootstrap, transactional_id=unique_name("tx"))
-    producer.init_transactions()
-    for values, commit in ((["c0", "c1"], True), (["a0", "a1"], False)):
-        producer.begin_transaction()
-        for value in values:
-            producer.produce(topic, value=value.encode())
-        producer.flush()
-        if commit:
-            producer.commit_transaction()
-        else:
-            producer.abort_transaction()
+    produce_transactions(bootstrap, topic, unique_name("tx"),
+                         [(["c0", "c1"], True), (["a0", "a1"], False)])
     # c0 c1 marker a0 a1 marker: the range's last three offsets are never delivered.
     table = read(bootstrap, KafkaRange(topic, 0, 0, 6), reader,
                  **{"kafkaConsumer.pollTimeoutMs": "10000"})

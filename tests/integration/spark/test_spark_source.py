@@ -35,6 +35,8 @@ from redrive.spark.source import (
     rate_limit,
 )
 
+from .conftest import produce_transactions
+
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 # Spark's own Kafka source schema (KafkaRecordToRowConverter), written out field by field.
@@ -217,17 +219,8 @@ def test_read_committed_skips_aborted_and_stops_at_markers(spark: Any, bootstrap
                                                            new_topic: Any,
                                                            unique_name: Any) -> None:
     topic = new_topic(1)
-    producer = kafka.producer(bootstrap, transactional_id=unique_name("tx"))
-    producer.init_transactions()
-    for values, commit in ((["c0", "c1", "c2"], True), (["a0", "a1"], False), (["c3"], True)):
-        producer.begin_transaction()
-        for value in values:
-            producer.produce(topic, value=value.encode())
-        producer.flush()
-        if commit:
-            producer.commit_transaction()
-        else:
-            producer.abort_transaction()
+    produce_transactions(bootstrap, topic, unique_name("tx"),
+                         [(["c0", "c1", "c2"], True), (["a0", "a1"], False), (["c3"], True)])
     # The range ends at the last commit marker, which is never delivered: the read must end
     # on the position, not wait for a record at end - 1 (which fails after the poll timeout).
     rows = batch_read(spark, bootstrap, topic, **{"kafkaConsumer.pollTimeoutMs": "10000"}).collect()

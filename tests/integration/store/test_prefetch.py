@@ -187,6 +187,16 @@ def test_a_prefetch_lasts_one_batch(store: RetryStore) -> None:
     bound.discard()
 
 
+def admitted(store: RetryStore, bound: BoundBackend, batch: list[Record],
+             prefetch: bool) -> tuple[list[Verdict], int]:
+    """The verdicts on `batch` (after a prefetch, if asked) and how many statements they took."""
+    with statements(store) as seen:
+        if prefetch:
+            bound.prefetch(batch)
+        verdicts = [bound.admit(record) for record in batch]
+    return verdicts, len(seen)
+
+
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_a_prefetched_batch_costs_a_statement_per_chunk_not_per_record(
         store: RetryStore, prefetch: bool) -> None:
@@ -195,21 +205,13 @@ def test_a_prefetched_batch_costs_a_statement_per_chunk_not_per_record(
                  for o in range(records)], [])
     bound = StoreBackend(store).bind(GROUP)
     batch = [copy(o, 1, partition=o % 3) for o in range(records)]
-    with statements(store) as seen:
-        if prefetch:
-            bound.prefetch(batch)
-        verdicts = [bound.admit(record) for record in batch]
-    assert verdicts == [Verdict.PROCESS] * records
-    assert len(seen) == (2 if prefetch else records)
+    assert admitted(store, bound, batch, prefetch) == ([Verdict.PROCESS] * records,
+                                                      2 if prefetch else records)
 
     ordered = StoreBackend(store, ordering=True).bind(GROUP)
     keyed = [fresh(records + o, b"k%d" % o) for o in range(records)]  # the rows' keys
-    with statements(store) as seen:
-        if prefetch:
-            ordered.prefetch(keyed)
-        verdicts = [ordered.admit(record) for record in keyed]
-    assert verdicts == [Verdict.PARKED] * records
-    assert len(seen) == (2 if prefetch else records)
+    assert admitted(store, ordered, keyed, prefetch) == ([Verdict.PARKED] * records,
+                                                        2 if prefetch else records)
 
 
 def test_the_consumer_prefetches_every_record_it_admits(
