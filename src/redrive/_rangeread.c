@@ -231,6 +231,14 @@ static void RangeReader_dealloc(RangeReader *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static int assign_at(RangeReader *self, int64_t offset) {
+    rd_kafka_topic_partition_list_t *assignment = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(assignment, self->topic, self->partition)->offset = offset;
+    rd_kafka_resp_err_t err = rd_kafka_assign(self->rk, assignment);
+    rd_kafka_topic_partition_list_destroy(assignment);
+    return err == RD_KAFKA_RESP_ERR_NO_ERROR ? 0 : -1;
+}
+
 static int RangeReader_init(RangeReader *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"config", "topic", "partition", "start", "end", "include_headers",
                             "poll_timeout_ms", NULL};
@@ -290,22 +298,21 @@ static int RangeReader_init(RangeReader *self, PyObject *args, PyObject *kwargs)
     self->end = end;
     self->with_headers = with_headers;
     self->poll_timeout_ms = poll_timeout_ms;
-    rd_kafka_topic_partition_list_t *assignment = rd_kafka_topic_partition_list_new(1);
-    rd_kafka_topic_partition_list_add(assignment, topic, partition)->offset = start;
-    rd_kafka_resp_err_t err = rd_kafka_assign(rk, assignment);
-    rd_kafka_topic_partition_list_destroy(assignment);
-    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        PyErr_Format(ReadError, "cannot assign %s[%d]: %s", topic, partition, rd_kafka_err2str(err));
+    if (assign_at(self, start) < 0) {
+        PyErr_Format(ReadError, "cannot assign %s[%d]", topic, partition);
         return -1;
     }
     return 0;
 }
 
-/* Put one consumed message into the batch, or account for it. Returns -1 on a fatal error. */
+/* Put one consumed message into the batch, or account for it. Returns -1 on a fatal error and
+ * 1 when the broker answered the fetch with "offset out of range" (see resume_after_reset). */
 static int take(RangeReader *self, const rd_kafka_message_t *m, char *why, size_t why_len) {
     if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
         if (m->offset > self->position)
             self->position = m->offset < self->end ? m->offset : self->end;
+    } else if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET) {
+        return 1;
     } else if (m->err) {
         snprintf(why, why_len, "%s", rd_kafka_message_errstr(m));
         return -1;
@@ -317,6 +324,33 @@ static int take(RangeReader *self, const rd_kafka_message_t *m, char *why, size_
             return -1;
         }
         self->position = m->offset + 1;
+    }
+    return 0;
+}
+
+/* auto.offset.reset is "error", so an out-of-range fetch stops the partition instead of jumping.
+ * If the broker still holds the position (some brokers say otherwise for a moment), read on from
+ * it; if the records are gone (deleted, or past retention), fail naming them rather than skip
+ * them. The same rule as redrive.spark.source's _resume_after_reset. */
+static int resume_after_reset(RangeReader *self, char *why, size_t why_len) {
+    int64_t low, high;
+    rd_kafka_resp_err_t err = rd_kafka_query_watermark_offsets(
+        self->rk, self->topic, self->partition, &low, &high, 10000);
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        snprintf(why, why_len, "offset %lld is out of range, and the partition's offsets are "
+                 "unknown: %s", (long long)self->position, rd_kafka_err2str(err));
+        return -1;
+    }
+    if (self->position < low) {
+        snprintf(why, why_len, "offsets %lld to %lld are gone from the broker (deleted or past "
+                 "retention)", (long long)self->position, (long long)(low - 1));
+        return -1;
+    }
+    while (self->next < self->count)
+        rd_kafka_message_destroy(self->messages[self->next++]);
+    if (assign_at(self, self->position) < 0) {
+        snprintf(why, why_len, "cannot resume at offset %lld", (long long)self->position);
+        return -1;
     }
     return 0;
 }
@@ -334,7 +368,7 @@ static int fill(RangeReader *self, int64_t max_rows, int64_t max_bytes, char *wh
             rd_kafka_message_t *m = self->messages[self->next++];
             int rc = take(self, m, why, why_len);
             rd_kafka_message_destroy(m);
-            if (rc < 0)
+            if (rc < 0 || (rc > 0 && resume_after_reset(self, why, why_len) < 0))
                 return -1;
             continue;
         }

@@ -42,6 +42,13 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = {
     "auto.offset.reset": "earliest",
     "isolation.level": "read_committed",
 }
+# For reading a given offset range by assign: end-of-partition events tell how far the partition
+# goes, and a fetch the broker answers "offset out of range" is reported to the reader rather
+# than jumped past (auto.offset.reset), so no record of the range is skipped unseen.
+RANGE_READ_DEFAULTS: Mapping[str, Any] = {
+    "enable.partition.eof": True,
+    "auto.offset.reset": "error",
+}
 
 
 def client_config(connection: Connection,
@@ -95,8 +102,7 @@ def range_reader(connection: Connection, topic: str, partition: int, start: int,
     assign-only consumer; raises ImportError when the extension was not built."""
     from redrive import _rangeread
 
-    config = consumer_config(connection, None, {**(overrides or {}),
-                                                "enable.partition.eof": True})
+    config = consumer_config(connection, None, {**(overrides or {}), **RANGE_READ_DEFAULTS})
     settings: list[tuple[str, str]] = []
     for name, value in config.items():
         if callable(value):

@@ -461,7 +461,7 @@ class _Broker:
         """Advance `scan` towards `target` until a record is not yet due or the scan limit is
         reached. Control records and aborted records move the position without being seen."""
         if self._scanner is None:
-            self._scanner = self.options.consumer(extra={"enable.partition.eof": True})
+            self._scanner = self.options.consumer(extra=kafka.RANGE_READ_DEFAULTS)
         consumer = self._scanner
         topic, partition = tp
         consumer.assign([TopicPartition(topic, partition, scan.clear_to)])
@@ -475,11 +475,15 @@ class _Broker:
             offsets: list[int] = []
             dues: list[int | None] = []
             reached = scan.clear_to
+            reset = False
             for message in messages:
                 err = message.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         reached = max(reached, _offset(message))
+                        continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        reset = True
                         continue
                     if err.retriable():
                         continue
@@ -500,10 +504,13 @@ class _Broker:
             if not messages:
                 position = consumer.position([TopicPartition(topic, partition)])[0].offset
                 reached = max(reached, position)
-            if reached > scan.clear_to:
+            progressed = reached > scan.clear_to
+            if progressed:
                 scan.clear_to = min(reached, target)
                 idle_until = time.monotonic() + self.options.poll_timeout_s
-            elif time.monotonic() > idle_until:
+            if reset:
+                _resume_after_reset(consumer, topic, partition, scan.clear_to, target)
+            elif not progressed and time.monotonic() > idle_until:
                 raise KafkaReadFailed(topic, partition, scan.clear_to, target,
                                       f"no progress for {self.options.poll_timeout_s}s "
                                       "(kafkaConsumer.pollTimeoutMs)")
@@ -619,18 +626,37 @@ class _Columns:
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _position_after_errors(messages: Sequence[Message], position: int, part: KafkaRange) -> int:
+def _position_after_errors(messages: Sequence[Message], position: int,
+                           part: KafkaRange) -> tuple[int, bool]:
     """Account for the events among consumed messages: an end-of-partition event carries the
-    position reached; transient errors are retried by librdkafka; anything else is fatal."""
+    position reached; transient errors are retried by librdkafka; an offset reset is returned
+    for the caller to resume from (see _resume_after_reset); anything else is fatal."""
+    reset = False
     for message in messages:
         err = message.error()
         if err is None:
             continue
         if err.code() == KafkaError._PARTITION_EOF:
             position = max(position, _offset(message))
+        elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+            reset = True
         elif not err.retriable():
             raise KafkaReadFailed(part.topic, part.partition, part.start, part.end, err.str())
-    return position
+    return position, reset
+
+
+def _resume_after_reset(consumer: Consumer, topic: str, partition: int, position: int,
+                        end: int) -> None:
+    """The broker answered a fetch at `position` with "offset out of range". If it still holds
+    that offset (some brokers say so for a moment), read on from it; if the records are gone
+    (deleted, or past retention), fail naming them rather than skip them. Same rule as the C
+    reader's."""
+    low, _ = kafka.watermarks(consumer, topic, partition)
+    if position < low:
+        raise KafkaReadFailed(topic, partition, position, end,
+                              f"offsets {position} to {low - 1} are gone from the broker "
+                              "(deleted or past retention)")
+    consumer.assign([TopicPartition(topic, partition, position)])
 
 
 def native_reader_built() -> bool:
@@ -686,7 +712,7 @@ def _read_native(options: SourceOptions, part: KafkaRange,
 
 def _read_python(options: SourceOptions, part: KafkaRange,
                  schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    consumer = options.consumer(extra={"enable.partition.eof": True})
+    consumer = options.consumer(extra=kafka.RANGE_READ_DEFAULTS)
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         columns = _Columns(part.topic, part.partition, options.include_headers)
@@ -719,9 +745,10 @@ def _consume_into(consumer: Consumer, columns: _Columns, part: KafkaRange, posit
     messages = consumer.consume(num_messages=wanted, timeout=POLL_S)
     before = position
     records = messages
+    reset = False
     if any(map(Message.error, messages)):
         records = [m for m in messages if m.error() is None]
-        position = _position_after_errors(messages, position, part)
+        position, reset = _position_after_errors(messages, position, part)
     if records:
         # Consumed records of one partition come in offset order.
         offsets = cast("list[int]", list(map(Message.offset, records)))
@@ -734,6 +761,8 @@ def _consume_into(consumer: Consumer, columns: _Columns, part: KafkaRange, posit
     elif not messages:
         tp = TopicPartition(part.topic, part.partition)
         position = max(position, consumer.position([tp])[0].offset)
+    if reset and position < part.end:
+        _resume_after_reset(consumer, part.topic, part.partition, position, part.end)
     if position > before:
         idle_until = time.monotonic() + poll_timeout_s
     elif time.monotonic() > idle_until:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import TopicPartition
 
 from redrive import kafka
 from redrive.spark.source import (
@@ -117,6 +118,24 @@ def test_a_range_past_the_end_fails_naming_the_offset(bootstrap: str, new_topic:
         list(read_range(options(bootstrap, topic, reader,
                                 **{"kafkaConsumer.pollTimeoutMs": "1000"}),
                         KafkaRange(topic, 0, 0, 5)))
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_records_deleted_under_a_read_fail_it_rather_than_being_skipped(
+        bootstrap: str, new_topic: Any, reader: str) -> None:
+    # The driver planned [0, 10); the records below 4 were deleted before the executor read.
+    # A consumer left to auto.offset.reset would jump to 4 and return six rows as if whole.
+    topic = new_topic(1)
+    kafka.produce_confirmed(kafka.producer(bootstrap),
+                            [kafka.OutRecord(topic, b"v%d" % i) for i in range(10)])
+    admin = kafka.admin(bootstrap)  # kept: the futures need their client alive
+    for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
+        future.result(30)
+    with pytest.raises(KafkaReadFailed, match="offsets 0 to 3 are gone from the broker"):
+        list(read_range(options(bootstrap, topic, reader), KafkaRange(topic, 0, 0, 10)))
+    # What is still there reads whole.
+    assert read(bootstrap, KafkaRange(topic, 0, 4, 10), reader).column("value").to_pylist() \
+        == [b"v%d" % i for i in range(4, 10)]
 
 
 def test_a_bad_client_setting_is_named(bootstrap: str, new_topic: Any) -> None:
