@@ -194,6 +194,7 @@ typedef struct {
     int32_t partition;
     int64_t start, end, position;
     int with_headers;
+    int skip_lost;
     int poll_timeout_ms;
     Batch batch;
     /* The last consumed messages; those from `next` to `count` are not taken yet. */
@@ -241,13 +242,13 @@ static int assign_at(RangeReader *self, int64_t offset) {
 
 static int RangeReader_init(RangeReader *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"config", "topic", "partition", "start", "end", "include_headers",
-                            "poll_timeout_ms", NULL};
+                            "poll_timeout_ms", "skip_lost", NULL};
     PyObject *config;
     const char *topic;
-    int partition, with_headers, poll_timeout_ms;
+    int partition, with_headers, poll_timeout_ms, skip_lost;
     long long start, end;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OsiLLpi", names, &config, &topic, &partition,
-                                     &start, &end, &with_headers, &poll_timeout_ms))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OsiLLpip", names, &config, &topic, &partition,
+                                     &start, &end, &with_headers, &poll_timeout_ms, &skip_lost))
         return -1;
     if (self->rk != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "RangeReader is already initialised");
@@ -297,6 +298,7 @@ static int RangeReader_init(RangeReader *self, PyObject *args, PyObject *kwargs)
     self->start = self->position = start;
     self->end = end;
     self->with_headers = with_headers;
+    self->skip_lost = skip_lost;
     self->poll_timeout_ms = poll_timeout_ms;
     if (assign_at(self, start) < 0) {
         PyErr_Format(ReadError, "cannot assign %s[%d]", topic, partition);
@@ -330,8 +332,9 @@ static int take(RangeReader *self, const rd_kafka_message_t *m, char *why, size_
 
 /* auto.offset.reset is "error", so an out-of-range fetch stops the partition instead of jumping.
  * If the broker still holds the position (some brokers say otherwise for a moment), read on from
- * it; if the records are gone (deleted, or past retention), fail naming them rather than skip
- * them. The same rule as redrive.spark.source's _resume_after_reset. */
+ * it; if the records are gone (deleted, or past retention), fail naming them, or with
+ * skip_lost (failOnDataLoss=false) read on from the first offset left. The same rule as
+ * redrive.spark.source's _resume_after_reset. */
 static int resume_after_reset(RangeReader *self, char *why, size_t why_len) {
     int64_t low, high;
     rd_kafka_resp_err_t err = rd_kafka_query_watermark_offsets(
@@ -341,7 +344,9 @@ static int resume_after_reset(RangeReader *self, char *why, size_t why_len) {
                  "unknown: %s", (long long)self->position, rd_kafka_err2str(err));
         return -1;
     }
-    if (self->position < low) {
+    if (self->position < low && self->skip_lost) {
+        self->position = low < self->end ? low : self->end;
+    } else if (self->position < low) {
         snprintf(why, why_len, "offsets %lld to %lld are gone from the broker (deleted or past "
                  "retention)", (long long)self->position, (long long)(low - 1));
         return -1;

@@ -96,10 +96,11 @@ def consumer(connection: Connection, group_id: str | None = None,
 
 
 def range_reader(connection: Connection, topic: str, partition: int, start: int, end: int, *,
-                 include_headers: bool, poll_timeout_s: float,
+                 include_headers: bool, poll_timeout_s: float, skip_lost: bool = False,
                  overrides: Mapping[str, Any] | None = None) -> RangeReader:
     """redrive._rangeread's reader of offsets [start, end) of one partition, configured as an
-    assign-only consumer; raises ImportError when the extension was not built."""
+    assign-only consumer; raises ImportError when the extension was not built. skip_lost: read
+    on past records the broker no longer has, instead of failing."""
     from redrive import _rangeread
 
     config = consumer_config(connection, None, {**(overrides or {}), **RANGE_READ_DEFAULTS})
@@ -110,7 +111,7 @@ def range_reader(connection: Connection, topic: str, partition: int, start: int,
         text = str(value).lower() if isinstance(value, bool) else str(value)
         settings.append((name, text))
     return _rangeread.RangeReader(settings, topic, partition, start, end, include_headers,
-                                  max(1, round(poll_timeout_s * 1000)))
+                                  max(1, round(poll_timeout_s * 1000)), skip_lost)
 
 
 class Admin(AdminClient):

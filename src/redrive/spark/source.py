@@ -509,7 +509,8 @@ class _Broker:
                 scan.clear_to = min(reached, target)
                 idle_until = time.monotonic() + self.options.poll_timeout_s
             if reset:
-                _resume_after_reset(consumer, topic, partition, scan.clear_to, target)
+                scan.clear_to = _resume_after_reset(consumer, topic, partition, scan.clear_to,
+                                                    target, not self.options.fail_on_data_loss)
             elif not progressed and time.monotonic() > idle_until:
                 raise KafkaReadFailed(topic, partition, scan.clear_to, target,
                                       f"no progress for {self.options.poll_timeout_s}s "
@@ -646,17 +647,22 @@ def _position_after_errors(messages: Sequence[Message], position: int,
 
 
 def _resume_after_reset(consumer: Consumer, topic: str, partition: int, position: int,
-                        end: int) -> None:
+                        end: int, skip_lost: bool) -> int:
     """The broker answered a fetch at `position` with "offset out of range". If it still holds
     that offset (some brokers say so for a moment), read on from it; if the records are gone
-    (deleted, or past retention), fail naming them rather than skip them. Same rule as the C
-    reader's."""
+    (deleted, or past retention), fail naming them, or with skip_lost (failOnDataLoss=false)
+    read on from the first offset left. Returns the position. Same rule as the C reader's."""
     low, _ = kafka.watermarks(consumer, topic, partition)
-    if position < low:
+    if position < low and not skip_lost:
         raise KafkaReadFailed(topic, partition, position, end,
                               f"offsets {position} to {low - 1} are gone from the broker "
                               "(deleted or past retention)")
+    if position < low:
+        log.warning("%s[%d]: offsets %d to %d are gone from the broker; skipped "
+                    "(failOnDataLoss=false)", topic, partition, position, low - 1)
+        position = min(low, end)
     consumer.assign([TopicPartition(topic, partition, position)])
+    return position
 
 
 def native_reader_built() -> bool:
@@ -693,6 +699,7 @@ def _read_native(options: SourceOptions, part: KafkaRange,
                                         part.start, part.end,
                                         include_headers=options.include_headers,
                                         poll_timeout_s=options.poll_timeout_s,
+                                        skip_lost=not options.fail_on_data_loss,
                                         overrides=options.client_overrides)
         except ValueError as exc:
             # The system's librdkafka may be older than confluent-kafka's own.
@@ -721,7 +728,7 @@ def _read_python(options: SourceOptions, part: KafkaRange,
         while position < part.end:
             with _gc_paused():
                 position, idle_until = _consume_into(consumer, columns, part, position,
-                                                     idle_until, options.poll_timeout_s)
+                                                     idle_until, options)
                 full = (len(columns) >= ARROW_BATCH_ROWS
                         or columns.nbytes >= ARROW_BATCH_BYTES)
                 ready = columns.batch(schema) if full else None
@@ -736,7 +743,7 @@ def _read_python(options: SourceOptions, part: KafkaRange,
 
 
 def _consume_into(consumer: Consumer, columns: _Columns, part: KafkaRange, position: int,
-                  idle_until: float, poll_timeout_s: float) -> tuple[int, float]:
+                  idle_until: float, options: SourceOptions) -> tuple[int, float]:
     """One consume() call: its records of [position, end) into `columns`. Returns the new
     position and the time until which the read may go on without progress."""
     # consume() waits until it has num_messages or the timeout passed: never ask for more than
@@ -762,13 +769,14 @@ def _consume_into(consumer: Consumer, columns: _Columns, part: KafkaRange, posit
         tp = TopicPartition(part.topic, part.partition)
         position = max(position, consumer.position([tp])[0].offset)
     if reset and position < part.end:
-        _resume_after_reset(consumer, part.topic, part.partition, position, part.end)
+        position = _resume_after_reset(consumer, part.topic, part.partition, position,
+                                       part.end, not options.fail_on_data_loss)
     if position > before:
-        idle_until = time.monotonic() + poll_timeout_s
+        idle_until = time.monotonic() + options.poll_timeout_s
     elif time.monotonic() > idle_until:
         raise KafkaReadFailed(part.topic, part.partition, part.start, part.end,
                               f"stuck at offset {position} for "
-                              f"{poll_timeout_s}s (kafkaConsumer.pollTimeoutMs)")
+                              f"{options.poll_timeout_s}s (kafkaConsumer.pollTimeoutMs)")
     return position, idle_until
 
 
