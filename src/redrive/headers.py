@@ -105,52 +105,45 @@ def read_due(headers: Sequence[tuple[str, bytes]]) -> int | None:
 
 def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
     """Decode and validate redrive's headers into a Delivery; raises MalformedHeader."""
-    # One pass, the last value of each name winning: this runs for every retried record.
+    # One pass, the last value of each name winning: this runs for every retried record, so the
+    # values redrive writes (ASCII digits) take the shortest way and only others are examined.
     found: dict[str, bytes] = {}
     for name, value in headers:
         if name.startswith(PREFIX):
             found[name] = value
     if not found:
         return NO_HISTORY
-    attempt = _number(found, ATTEMPT) or 0
-    topic = _decoded(found, ORIGINAL_TOPIC)
-    partition = _number(found, ORIGINAL_PARTITION)
-    offset = _number(found, ORIGINAL_OFFSET)
-    timestamp = _number(found, ORIGINAL_TIMESTAMP)
+    get = found.get
+    numbers: list[int | None] = []
+    for name in _INTEGER_HEADERS:
+        raw = get(name)
+        numbers.append(None if raw is None else int(raw) if raw.isdigit()
+                       and len(raw) <= _MAX_DIGITS else _whole_number(name, raw))
+    attempt, due, partition, offset, timestamp, first_failure = numbers
+    topic = _utf8(ORIGINAL_TOPIC, get(ORIGINAL_TOPIC))
     original: Origin | None = None
-    parts = {ORIGINAL_TOPIC: topic, ORIGINAL_PARTITION: partition, ORIGINAL_OFFSET: offset}
-    present = [name for name, value in parts.items() if value is not None]
-    if present:
-        missing = [name for name, value in parts.items() if value is None]
-        if missing:
-            raise MalformedHeader(missing[0], None,
-                                  f"missing while {', '.join(present)} is present")
-        if not topic:
-            raise MalformedHeader(ORIGINAL_TOPIC, b"", "empty topic name")
-        assert partition is not None and offset is not None
-        original = Origin(topic, partition, offset, timestamp)
-    group = _decoded(found, GROUP)
+    if topic is not None or partition is not None or offset is not None:
+        original = _origin_of(topic, partition, offset, timestamp)
+    group = _utf8(GROUP, get(GROUP))
     if group == "":
         raise MalformedHeader(GROUP, b"", "empty group")
-    target = _decoded(found, TARGET)
+    target = _utf8(TARGET, get(TARGET))
     if target == "":
         raise MalformedHeader(TARGET, b"", "empty topic name")
-    return Delivery(
-        attempt=attempt,
-        first_failure_ms=_number(found, FIRST_FAILURE),
-        group=group,
-        original=original,
-        due_ms=_number(found, DUE),
-        target=target,
-    )
+    return Delivery(attempt or 0, first_failure, group, original, due, target)
 
 
-def _decoded(found: Mapping[str, bytes], name: str) -> str | None:
-    return _utf8(name, found.get(name))
-
-
-def _number(found: Mapping[str, bytes], name: str) -> int | None:
-    return _whole_number(name, found.get(name))
+def _origin_of(topic: str | None, partition: int | None, offset: int | None,
+               timestamp: int | None) -> Origin:
+    parts = {ORIGINAL_TOPIC: topic, ORIGINAL_PARTITION: partition, ORIGINAL_OFFSET: offset}
+    missing = [name for name, value in parts.items() if value is None]
+    if missing:
+        present = ", ".join(name for name, value in parts.items() if value is not None)
+        raise MalformedHeader(missing[0], None, f"missing while {present} is present")
+    if not topic:
+        raise MalformedHeader(ORIGINAL_TOPIC, b"", "empty topic name")
+    assert partition is not None and offset is not None
+    return Origin(topic, partition, offset, timestamp)
 
 
 def validate(headers: Sequence[tuple[str, bytes]]) -> None:
