@@ -394,6 +394,7 @@ class RetryingConsumer:
                 finished[tp] = last
                 last = -1
             self._failed(record, failure, tp, batch, main)
+            failure = None  # its traceback holds this frame: see ErrorInfo.detached
             skip = tp in stopped
         if ok:
             processed[main] += ok
@@ -478,6 +479,7 @@ class RetryingConsumer:
             batch.finish(tp, offset)
             return
         self._failed(record, failure, tp, batch, main)
+        del failure  # its traceback holds this frame: see ErrorInfo.detached
 
     def _failed(self, record: Record, failure: Exception, tp: TopicPartition, batch: Batch,
                 main: str) -> None:

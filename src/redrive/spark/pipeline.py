@@ -214,7 +214,8 @@ class RetryPipeline:
                              batch_id)
             failed = self._count_processed(processed)
             if failed:
-                failures = processed.where(F.col("status") == tasks.FAILED)
+                failures = (processed.where(F.col("status") == tasks.FAILED)
+                            .select(*tasks.ROUTING_COLUMNS))
                 if self._topics_backend:
                     self._route_failures(failures)
                 else:

@@ -68,6 +68,12 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# What routing reads of a failed row (record_of and error_of): the rest of a processed row (its
+# status columns and the output struct) is left out of the routing job's input.
+ROUTING_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers",
+                   "error_type", "error_message", "error_trace", "error_chain")
+
+
 def record_of(row: Mapping[str, Any]) -> Record:
     headers = [(pair["key"], bytes(pair["value"] or b"")) for pair in (row.get("headers") or [])]
     timestamp = row.get("timestamp")
@@ -126,13 +132,16 @@ def call_with_in_place(function: Callable[[], Mapping[str, Any]], policy: RetryP
         try:
             return Outcome(OK, dict(function()), in_place=in_place)
         except Exception as exc:
-            error = ErrorInfo.from_exception(exc)
-            budget = policy.in_place
-            if budget is None or policy.disposition(error) is not Disposition.IN_PLACE \
-                    or in_place >= budget.retries:
-                return Outcome(FAILED, error=error, in_place=in_place)
-            in_place += 1
-            sleep(budget.backoff.delay_ms(in_place) / 1000)
+            live = ErrorInfo.from_exception(exc)
+        error = live.detached()
+        budget = policy.in_place
+        retry = budget is not None and in_place < budget.retries \
+            and policy.disposition(live) is Disposition.IN_PLACE
+        del live  # it must not outlive this frame: see ErrorInfo.detached
+        if budget is None or not retry:
+            return Outcome(FAILED, error=error, in_place=in_place)
+        in_place += 1
+        sleep(budget.backoff.delay_ms(in_place) / 1000)
 
 
 @dataclass(frozen=True)
@@ -211,13 +220,14 @@ def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, er
             outputs = frame.drop(columns=[error_column], errors="ignore").to_dict("records")
             for index, output, error in zip(handled_rows, outputs, errors, strict=True):
                 if isinstance(error, BaseException):
-                    outcomes[index] = Outcome(FAILED, error=ErrorInfo.from_exception(error))
+                    outcomes[index] = Outcome(FAILED,
+                                              error=ErrorInfo.from_exception(error).detached())
                 elif error is not None and not (isinstance(error, float) and error != error):
                     outcomes[index] = Outcome(FAILED, error=ErrorInfo("Error", str(error)))
                 else:
                     outcomes[index] = Outcome(OK, output)
         except Exception as exc:
-            failure = Outcome(FAILED, error=ErrorInfo.from_exception(exc))
+            failure = Outcome(FAILED, error=ErrorInfo.from_exception(exc).detached())
             for index in handled_rows:
                 outcomes[index] = failure
         # one call for the whole batch: each row is charged its share

@@ -4,15 +4,17 @@ commits what was acknowledged and nothing else. The runtime is driven with fake 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from redrive import headers as h
 from redrive.consumer import RetryingConsumer
 from redrive.consumer.batch import Copy
 from redrive.consumer.pipeline import Pending, Pipeline
 from redrive.errors import DeliveryFailed
 from redrive.policy import Backoff, RetryPolicy
-from redrive.record import Record
+from redrive.record import Origin, Record
 from redrive.routing import DeadLetter
 
 from ..fakes import FakeMessage
@@ -213,3 +215,29 @@ def test_close_commits_the_acknowledged_batches() -> None:
 class _Partition:
     def __init__(self, topic: str, partition: int) -> None:
         self.topic, self.partition = topic, partition
+
+
+def test_failed_records_leave_no_reference_cycles() -> None:
+    # A live exception kept in the frame that caught it is a cycle through its traceback, holding
+    # that frame's locals (the whole poll batch) until the cyclic collector runs.
+    runtime, _, producer = _fake_runtime(set())
+
+    def handler(record: Record) -> None:
+        raise RuntimeError(f"always {record.offset}")
+
+    runtime.handler = handler
+    retry = h.replace([], {h.ATTEMPT: 1, h.DUE: 1, h.GROUP: "g", h.FIRST_FAILURE: 1,
+                           **h.origin_fields(Origin("orders", 0, 99, 1))})
+    copies = [FakeMessage("orders.g.retry.1s", 1, 7, b"r", retry)]
+    runtime._assigned.add(("orders.g.retry.1s", 1))
+    gc.collect()
+    gc.disable()
+    try:
+        runtime._handle_batch(_batch(0, range(0, 4)) + copies)  # ends on a failed record
+        producer.deliver()
+        runtime._settle()
+        left = gc.collect()
+    finally:
+        gc.enable()
+    assert runtime.metrics.total("redrive_retried_total") == 5
+    assert left == 0
