@@ -168,13 +168,44 @@ class MemorySource(DataSource):
         return MemoryReader(int(self.options["rows"]))
 
 
-def timed_count(count: Callable[[], int], records: int) -> float:
+@dataclass(frozen=True)
+class Count:
+    rate: float  # records/s
+    machine_cpu_us: float  # CPU time of every process on the machine, per record
+    broker_cpu_us: float | None  # of those, the broker's (None: not started here)
+
+
+class CpuMeter:
+    """CPU time spent by the whole machine and by the broker process, read from /proc: on a
+    2-core machine the broker competes with Spark for CPU, which the in-memory source does not."""
+
+    def __init__(self, broker_pid: int | None) -> None:
+        self.broker_pid = broker_pid
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def read(self) -> tuple[float, float | None]:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+        broker = None
+        if self.broker_pid is not None:
+            with open(f"/proc/{self.broker_pid}/stat") as stat:
+                own = stat.read().rsplit(")", 1)[1].split()
+            broker = (int(own[11]) + int(own[12])) / self.tick  # utime + stime
+        return busy / self.tick, broker
+
+
+def timed_count(count: Callable[[], int], records: int, meter: CpuMeter) -> Count:
+    machine, broker = meter.read()
     started = time.perf_counter()
     counted = count()
     elapsed = time.perf_counter() - started
+    machine_after, broker_after = meter.read()
     if counted != records:
         raise SystemExit(f"counted {counted} records, expected {records}")
-    return records / elapsed
+    broker_us = None if broker is None or broker_after is None \
+        else (broker_after - broker) / records * 1e6
+    return Count(records / elapsed, (machine_after - machine) / records * 1e6, broker_us)
 
 
 # --- P6: RetryPipeline with and without routing ---------------------------------------------
@@ -306,7 +337,8 @@ def median(values: list[float]) -> float:
 
 
 def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
-            max_offsets: int, only: str | None = None) -> dict[str, Any]:
+            max_offsets: int, only: str | None = None,
+            broker_pid: int | None = None) -> dict[str, Any]:
     p5, p6 = only in (None, "p5"), only in (None, "p6")
     say(f"filling a {PARTITIONS}-partition topic with {records:,} records of {VALUE_BYTES} "
         "bytes ...")
@@ -333,17 +365,18 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
         bench = Bench(spark, bootstrap, topic, records, workdir, max_offsets)
         say("warming up ...")
         # Both sources of P5c get the same warm-up query.
-        timed_count(partial(redrive_count, small_topic), FIXED_COST_RECORDS)
+        meter = CpuMeter(broker_pid)
+        timed_count(partial(redrive_count, small_topic), FIXED_COST_RECORDS, meter)
         if p5:
-            timed_count(partial(memory_count, FIXED_COST_RECORDS), FIXED_COST_RECORDS)
+            timed_count(partial(memory_count, FIXED_COST_RECORDS), FIXED_COST_RECORDS, meter)
         if p6:
             bench.run_pipeline(fail_per_10k, topic=small_topic, records=FIXED_COST_RECORDS)
-        source_rates: list[float] = []
-        memory_rates: list[float] = []
+        sources: list[Count] = []
+        memories: list[Count] = []
         for run in range(runs if p5 else 0):
             say(f"P5/P5c run {run + 1}/{runs} ...")
-            source_rates.append(timed_count(partial(redrive_count, topic), records))
-            memory_rates.append(timed_count(memory_count, records))
+            sources.append(timed_count(partial(redrive_count, topic), records, meter))
+            memories.append(timed_count(memory_count, records, meter))
         plain: list[PipelineRun] = []
         routed: list[PipelineRun] = []
         if p6:
@@ -363,7 +396,10 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
     figures: dict[str, Any] = {"records": records, "runs": runs,
                                "fail_rate": fail_per_10k / 10_000}
     if p5:
+        source_rates, memory_rates = [c.rate for c in sources], [c.rate for c in memories]
         source, memory = median(source_rates), median(memory_rates)
+        source_cpu = median([c.machine_cpu_us for c in sources])
+        memory_cpu = median([c.machine_cpu_us for c in memories])
         figures.update({
             "p5": source / raw,
             "p5c": source / memory,
@@ -375,7 +411,19 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
                          for s, m in zip(source_rates, memory_rates, strict=True)],
             "source_records_per_s_runs": [round(s) for s in source_rates],
             "memory_records_per_s_runs": [round(m) for m in memory_rates],
+            "source_cpu_us_per_record": source_cpu,
+            "memory_cpu_us_per_record": memory_cpu,
         })
+        broker_cpus = [c.broker_cpu_us for c in sources if c.broker_cpu_us is not None]
+        if broker_cpus:
+            broker_cpu = median(broker_cpus)
+            figures.update({
+                "broker_cpu_us_per_record": broker_cpu,
+                # Records per CPU-second of everything but the broker, the source over the
+                # in-memory one: P5c as a broker on another machine would leave it, were the
+                # query bound by CPU alone.
+                "p5c_cpu_without_broker": memory_cpu / max(source_cpu - broker_cpu, 1e-9),
+            })
     if p6:
         plain_rate = median([r.rate for r in plain])
         routed_rate = median([r.rate for r in routed])
@@ -414,6 +462,9 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
             f"{'P5c  redrive-kafka source count / in-memory Python source':<62}"
             f"{figures['p5c']:>12.3f}{'>= ' + str(GOALS['p5c']):>10}",
         ]
+        if "p5c_cpu_without_broker" in figures:
+            lines.append(f"{'     the same by CPU time, the broker left out':<62}"
+                         f"{figures['p5c_cpu_without_broker']:>12.3f}")
     if p6:
         label = "P6   RetryPipeline routing {:g}% / no routing".format(figures["fail_rate"] * 100)
         lines.append(f"{label:<62}{figures['p6']:>12.3f}{'>= ' + str(GOALS['p6']):>10}")
@@ -444,6 +495,11 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
     if p5:
         lines.append(f"records/s per run: source {figures['source_records_per_s_runs']}, "
                      f"in-memory {figures['memory_records_per_s_runs']}")
+        broker_cpu = figures.get("broker_cpu_us_per_record")
+        lines.append(f"CPU time of the whole machine per record (us): source "
+                     f"{figures['source_cpu_us_per_record']:.2f}"
+                     + (f" (of it the broker {broker_cpu:.2f})" if broker_cpu is not None else "")
+                     + f", in-memory {figures['memory_cpu_us_per_record']:.2f}")
     if p6:
         lines.append("pipeline wall s per run: no routing "
                      f"{figures['pipeline_plain_wall_s_runs']}, "
@@ -472,7 +528,8 @@ def main() -> None:
     try:
         figures = measure(broker.bootstrap if broker is not None else args.bootstrap,
                           records, args.runs, round(args.fail_rate * 10_000),
-                          args.max_offsets or records, args.only)
+                          args.max_offsets or records, args.only,
+                          broker.pid if broker is not None else None)
     finally:
         if broker is not None:
             broker.close()
