@@ -253,7 +253,11 @@ def normalize_headers(raw: Any) -> list[tuple[str, bytes]]:
     """Headers as Message.headers() returns them (None when there are none) as (str, bytes)."""
     if not raw:
         return []
-    return [(str(name), bytes(value) if value is not None else b"") for name, value in raw]
+    for _, value in raw:
+        if value is None:
+            return [(name, b"" if value is None else value) for name, value in raw]
+    # Already (str, bytes) pairs: the Message's own list, which nothing reads after the record.
+    return raw  # type: ignore[no-any-return]
 
 
 def check_reachable(connection: Connection, timeout_s: float = 5.0) -> None:

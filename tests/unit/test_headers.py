@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from redrive import headers as h
+from redrive import kafka
 from redrive.errors import MalformedHeader
 from redrive.record import Delivery, ErrorInfo, Origin
 
@@ -85,6 +86,14 @@ def test_normalize_accepts_what_clients_hand_over() -> None:
     assert h.normalize([("a", bytearray(b"1")), ("b", None), ("c", "t")]) == \
         [("a", b"1"), ("b", b""), ("c", b"t")]
     assert h.normalize(None) == []
+
+
+def test_consumed_headers_with_a_null_value_get_empty_bytes() -> None:
+    pairs = [("a", b"1"), ("b", None)]
+    assert kafka.normalize_headers(pairs) == [("a", b"1"), ("b", b"")]
+    clean = [("a", b"1")]
+    assert kafka.normalize_headers(clean) is clean  # nothing to convert, nothing copied
+    assert kafka.normalize_headers(None) == []
 
 
 def test_reads_redrive_dead_letters() -> None:
