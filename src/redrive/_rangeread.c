@@ -200,7 +200,17 @@ typedef struct {
     /* The last consumed messages; those from `next` to `count` are not taken yet. */
     rd_kafka_message_t *messages[CONSUME_BATCH];
     ssize_t next, count;
+    /* The client's last error report (a broker it cannot reach, say), for the stuck error. */
+    char last_error[256];
 } RangeReader;
+
+/* Served by the consume calls of fill(), on the reading thread. */
+static void on_client_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
+    (void)rk;
+    (void)err;
+    RangeReader *self = opaque;
+    snprintf(self->last_error, sizeof self->last_error, "%s", reason);
+}
 
 static double monotonic_ms(void) {
     struct timespec ts;
@@ -278,6 +288,8 @@ static int RangeReader_init(RangeReader *self, PyObject *args, PyObject *kwargs)
         }
     }
     Py_DECREF(items);
+    rd_kafka_conf_set_error_cb(conf, on_client_error);
+    rd_kafka_conf_set_opaque(conf, self);
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
     if (rk == NULL) {
         rd_kafka_conf_destroy(conf);
@@ -382,8 +394,9 @@ static int fill(RangeReader *self, int64_t max_rows, int64_t max_bytes, char *wh
             seen = self->position;
             idle_until = now + self->poll_timeout_ms;
         } else if (now > idle_until) {
-            snprintf(why, why_len, "stuck at offset %lld for %.1fs (kafkaConsumer.pollTimeoutMs)",
-                     (long long)self->position, self->poll_timeout_ms / 1000.0);
+            snprintf(why, why_len, "stuck at offset %lld for %.1fs (kafkaConsumer.pollTimeoutMs)%s%s",
+                     (long long)self->position, self->poll_timeout_ms / 1000.0,
+                     self->last_error[0] ? "; the client's last error: " : "", self->last_error);
             return -1;
         }
         /* The batch call waits for all it asks for or the timeout: never ask for more than the

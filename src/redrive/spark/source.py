@@ -719,7 +719,8 @@ def _read_native(options: SourceOptions, part: KafkaRange,
 
 def _read_python(options: SourceOptions, part: KafkaRange,
                  schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    consumer = options.consumer(extra=kafka.RANGE_READ_DEFAULTS)
+    errors = _LastClientError()
+    consumer = options.consumer(extra={**kafka.RANGE_READ_DEFAULTS, "error_cb": errors})
     try:
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         columns = _Columns(part.topic, part.partition, options.include_headers)
@@ -728,7 +729,7 @@ def _read_python(options: SourceOptions, part: KafkaRange,
         while position < part.end:
             with _gc_paused():
                 position, idle_until = _consume_into(consumer, columns, part, position,
-                                                     idle_until, options)
+                                                     idle_until, options, errors)
                 full = (len(columns) >= ARROW_BATCH_ROWS
                         or columns.nbytes >= ARROW_BATCH_BYTES)
                 ready = columns.batch(schema) if full else None
@@ -742,8 +743,23 @@ def _read_python(options: SourceOptions, part: KafkaRange,
         consumer.close()
 
 
+class _LastClientError:
+    """The consumer's error_cb: keeps the client's last error report (a broker it cannot reach,
+    say) for the error of a read that makes no progress."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def __call__(self, error: KafkaError) -> None:
+        self.text = error.str()
+
+    def suffix(self) -> str:
+        return f"; the client's last error: {self.text}" if self.text else ""
+
+
 def _consume_into(consumer: Consumer, columns: _Columns, part: KafkaRange, position: int,
-                  idle_until: float, options: SourceOptions) -> tuple[int, float]:
+                  idle_until: float, options: SourceOptions,
+                  errors: _LastClientError) -> tuple[int, float]:
     """One consume() call: its records of [position, end) into `columns`. Returns the new
     position and the time until which the read may go on without progress."""
     # consume() waits until it has num_messages or the timeout passed: never ask for more than
@@ -776,7 +792,8 @@ def _consume_into(consumer: Consumer, columns: _Columns, part: KafkaRange, posit
     elif time.monotonic() > idle_until:
         raise KafkaReadFailed(part.topic, part.partition, part.start, part.end,
                               f"stuck at offset {position} for "
-                              f"{options.poll_timeout_s}s (kafkaConsumer.pollTimeoutMs)")
+                              f"{options.poll_timeout_s}s (kafkaConsumer.pollTimeoutMs)"
+                              + errors.suffix())
     return position, idle_until
 
 

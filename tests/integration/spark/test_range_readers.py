@@ -4,6 +4,7 @@ call read_range, and so do these tests."""
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
@@ -122,6 +123,21 @@ def test_a_range_past_the_end_fails_naming_the_offset(bootstrap: str, new_topic:
         list(read_range(options(bootstrap, topic, reader,
                                 **{"kafkaConsumer.pollTimeoutMs": "1000"}),
                         KafkaRange(topic, 0, 0, 5)))
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_broker_gone_under_a_read_is_named_in_its_error(reader: str) -> None:
+    # The driver planned the range; by the time the executor reads it no broker answers.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    with pytest.raises(KafkaReadFailed) as failed:
+        list(read_range(options(address, "gone", reader,
+                                **{"kafkaConsumer.pollTimeoutMs": "2000"}),
+                        KafkaRange("gone", 0, 0, 5)))
+    assert "stuck at offset 0 for 2.0s" in str(failed.value)
+    assert f"the client's last error: {address}" in str(failed.value)
+    assert "Connection refused" in str(failed.value)
 
 
 @pytest.mark.parametrize("reader", READERS)
