@@ -1,7 +1,7 @@
 """Benchmark of redrive on PySpark: the redrive-kafka source (P5, P5c) and RetryPipeline (P6).
 
     python bench/spark.py [--quick] [--records N] [--bootstrap HOST:PORT] [--runs N]
-                          [--only p5|p6] [--json]
+                          [--only p5|p6] [--malloc-kept] [--json]
 
 Starts its own noida-db unless --bootstrap is given, fills one topic (2 partitions, 100-byte
 values) and measures, in one local[2] SparkSession, after a warm-up query:
@@ -23,6 +23,9 @@ micro-batch holds the whole topic (maxOffsetsPerTrigger = --records). Shown besi
 it: the pipeline's fixed cost per query (a run over a 2,000-record topic), and a bare query over
 the same source and function step with one action per batch and none of the pipeline's own
 work (persist, routing job, counts), which bounds what the pipeline could reach.
+Beside P5c: the CPU time of the whole machine and of the broker per record during each source's
+runs, and P5c by CPU time with the broker's share left out (on 2 cores the broker competes with
+Spark). --malloc-kept runs Spark's Python workers with glibc settings that keep freed memory.
 With --json the last line is one JSON object of the figures. --only p5 (or p6) measures only
 those figures (the others are left out, null in the JSON), to save time while working on one.
 """
@@ -311,17 +314,26 @@ class Bench:
 # --- the run -------------------------------------------------------------------------------
 
 
-def spark_session() -> Any:
+# glibc settings for the Python workers (--malloc-kept): one arena, and freed memory kept rather
+# than handed back to the kernel, so that memory freed by one batch is not faulted in again by the
+# next. Process-wide, so redrive never sets them itself.
+MALLOC_KEPT = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": "1000000000",
+               "MALLOC_MMAP_THRESHOLD_": "1000000000"}
+
+
+def spark_session(malloc_kept: bool = False) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("redrive-bench-spark")
+    builder = (SparkSession.builder.master("local[2]").appName("redrive-bench-spark")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.memory", "4g")
-               .getOrCreate())
+               .config("spark.driver.memory", "4g"))
+    for name, value in (MALLOC_KEPT.items() if malloc_kept else ()):
+        builder = builder.config(f"spark.executorEnv.{name}", value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     session.dataSource.register(MemorySource)
@@ -338,7 +350,7 @@ def median(values: list[float]) -> float:
 
 def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
             max_offsets: int, only: str | None = None,
-            broker_pid: int | None = None) -> dict[str, Any]:
+            broker_pid: int | None = None, malloc_kept: bool = False) -> dict[str, Any]:
     p5, p6 = only in (None, "p5"), only in (None, "p6")
     say(f"filling a {PARTITIONS}-partition topic with {records:,} records of {VALUE_BYTES} "
         "bytes ...")
@@ -349,7 +361,7 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
         say("raw consumer ...")
         raw = median([raw_consumer(bootstrap, topic, records) for _ in range(3)])
     say("starting Spark ...")
-    spark = spark_session()
+    spark = spark_session(malloc_kept)
     workdir = Path(tempfile.mkdtemp(prefix="redrive-bench-spark-"))
     try:
         def redrive_count(name: str) -> int:
@@ -394,7 +406,7 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     figures: dict[str, Any] = {"records": records, "runs": runs,
-                               "fail_rate": fail_per_10k / 10_000}
+                               "fail_rate": fail_per_10k / 10_000, "malloc_kept": malloc_kept}
     if p5:
         source_rates, memory_rates = [c.rate for c in sources], [c.rate for c in memories]
         source, memory = median(source_rates), median(memory_rates)
@@ -451,7 +463,9 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
     lines = [
         f"date: {date}; {figures['records']:,} records of {VALUE_BYTES} bytes in {PARTITIONS} "
         f"partitions; {broker}; Spark local[2] on {os.cpu_count()} CPUs; "
-        f"median of {figures['runs']} runs",
+        f"median of {figures['runs']} runs"
+        + ("; Python workers with " + " ".join(f"{k}={v}" for k, v in MALLOC_KEPT.items())
+           if figures["malloc_kept"] else ""),
         "",
         f"{'figure':<62}{'value':>12}{'goal':>10}",
     ]
@@ -519,6 +533,9 @@ def main() -> None:
                         help="maxOffsetsPerTrigger of the pipelines (default: all records)")
     parser.add_argument("--only", choices=("p5", "p6"),
                         help="measure only these figures (P5 and P5c, or P6)")
+    parser.add_argument("--malloc-kept", action="store_true",
+                        help="run Spark's Python workers with " + " ".join(
+                            f"{k}={v}" for k, v in MALLOC_KEPT.items()))
     parser.add_argument("--json", action="store_true", help="print the figures as JSON last")
     args = parser.parse_args()
     records = args.records or (100_000 if args.quick else 1_000_000)
@@ -529,7 +546,7 @@ def main() -> None:
         figures = measure(broker.bootstrap if broker is not None else args.bootstrap,
                           records, args.runs, round(args.fail_rate * 10_000),
                           args.max_offsets or records, args.only,
-                          broker.pid if broker is not None else None)
+                          broker.pid if broker is not None else None, args.malloc_kept)
     finally:
         if broker is not None:
             broker.close()
