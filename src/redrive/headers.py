@@ -105,8 +105,7 @@ def read_due(headers: Sequence[tuple[str, bytes]]) -> int | None:
 
 def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
     """Decode and validate redrive's headers into a Delivery; raises MalformedHeader."""
-    # One pass, the last value of each name winning: this runs for every retried record, so the
-    # values redrive writes (ASCII digits) take the shortest way and only others are examined.
+    # One pass, the last value of each name winning: this runs for every retried record.
     found: dict[str, bytes] = {}
     for name, value in headers:
         if name.startswith(PREFIX):
@@ -114,12 +113,8 @@ def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
     if not found:
         return NO_HISTORY
     get = found.get
-    numbers: list[int | None] = []
-    for name in _INTEGER_HEADERS:
-        raw = get(name)
-        numbers.append(None if raw is None else int(raw) if raw.isdigit()
-                       and len(raw) <= _MAX_DIGITS else _whole_number(name, raw))
-    attempt, due, partition, offset, timestamp, first_failure = numbers
+    attempt, due, partition, offset, timestamp, first_failure = [
+        _whole_number(name, get(name)) for name in _INTEGER_HEADERS]
     topic = _utf8(ORIGINAL_TOPIC, get(ORIGINAL_TOPIC))
     original: Origin | None = None
     if topic is not None or partition is not None or offset is not None:

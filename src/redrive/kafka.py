@@ -256,7 +256,7 @@ def normalize_headers(raw: Any) -> list[tuple[str, bytes]]:
     for _, value in raw:
         if value is None:
             return [(name, b"" if value is None else value) for name, value in raw]
-    # Already (str, bytes) pairs: the Message's own list, which nothing reads after the record.
+    # Already (str, bytes) pairs: the Message's own list, handed on as it is.
     return raw  # type: ignore[no-any-return]
 
 
