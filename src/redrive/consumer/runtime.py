@@ -53,10 +53,11 @@ from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.pauses import Hold, Holds, TopicPartition, Why
 from redrive.consumer.pipeline import Pending, Pipeline
+from redrive.consumer.plain import handle_plain
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
 from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
-from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, RecordDraft, new_record
+from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, new_record
 from redrive.routing import DeadLetter, Retry, route
 from redrive.signals import stop_on_signals
 from redrive.topics import check_name, plans
@@ -173,7 +174,8 @@ class RetryingConsumer:
         self._assigned: set[TopicPartition] = set()
         self._partitions: dict[str, int] = {}
         self._stopping = threading.Event()
-        self._stop_requested = False  # the same as _stopping, cheaper to test per record
+        # The same as _stopping, cheaper to test per record (and readable from C).
+        self._stop = bytearray(1)
         self._pipeline = Pipeline()
         backend_type = type(self._backend)
         # A backend with no admit/succeeded hooks lets records without headers skip them.
@@ -246,7 +248,7 @@ class RetryingConsumer:
 
     def stop(self) -> None:
         """Ask run() to stop after the record in hand; safe from any thread or signal handler."""
-        self._stop_requested = True
+        self._stop[0] = 1
         self._stopping.set()
 
     def close(self) -> None:
@@ -255,7 +257,7 @@ class RetryingConsumer:
         if self._closed:
             return
         self._closed = True
-        self._stop_requested = True
+        self._stop[0] = 1
         self._stopping.set()
         if self._consumer is not None:
             try:
@@ -293,8 +295,8 @@ class RetryingConsumer:
         """Handle a poll batch's records in order into `batch`.
 
         Records of one partition come in runs; per-partition bookkeeping (taken? stopped? main
-        topic, last finished offset, successes) is done once per run, and a record without
-        headers whose handler returns takes a path with nothing else on it.
+        topic, last finished offset, successes) is done once per run, and records without
+        headers go to `handle_plain`, which takes them until one needs more.
         """
         first, finished, stopped = batch.first, batch.finished, batch.stopped
         assigned = self._assigned
@@ -304,8 +306,7 @@ class RetryingConsumer:
         plain = self._plain_backend
         track_in_place = self._in_place_policies
         handler_times = batch.handler_times
-        draft, record_type, no_history = RecordDraft, Record, NO_HISTORY
-        until_sample = batch.until_sample
+        stop = self._stop
         topic: str | None = None
         partition = -1
         tp: TopicPartition = ("", -1)
@@ -313,9 +314,12 @@ class RetryingConsumer:
         skip = True  # the current run's partition is revoked or stopped in this batch
         ok = 0  # successes of the current run not yet counted in `processed`
         last = -1  # the current run's last finished offset not yet written to `finished`
-        for message in messages:
-            if self._stop_requested:
+        index, count = 0, len(messages)
+        while index < count:
+            if stop[0]:
                 break  # the rest is handed back: it is not finished, so it is not committed
+            message = messages[index]
+            index += 1
             error = message.error()
             if error is not None:
                 self._consume_error(error)
@@ -348,59 +352,35 @@ class RetryingConsumer:
                 if last >= 0:
                     finished[tp] = last
                     last = -1
-                batch.until_sample = until_sample
                 self._handle(message, tp, offset, batch, raw_headers, main)
-                until_sample = batch.until_sample
                 skip = tp in stopped
                 continue
-            # The common case: no headers, so no redrive history, no due time, another group's
-            # filter cannot apply, and the backend has nothing to admit or record. The record is
-            # built as new_record(...) builds it, written out to save the call (see RecordDraft).
-            record: Any = draft()
-            record.topic = m_topic
-            record.partition = m_partition
-            record.offset = offset
-            record.timestamp_ms = message.timestamp()[1]
-            record.key = message.key()
-            record.value = message.value()
-            record.headers = []
-            record.delivery = no_history
-            record.__class__ = record_type
-            failure: Exception | None = None
-            until_sample -= 1
-            if until_sample:
-                try:
-                    handler(record)
-                except Exception as exc:
-                    failure = exc
-            else:
-                until_sample = HANDLER_SAMPLE
-                started = time.perf_counter()
-                try:
-                    handler(record)
-                except Exception as exc:
-                    failure = exc
-                handler_times.append(time.perf_counter() - started)
-            if failure is None:
-                ok += 1
-                last = offset
+            # No headers: no redrive history, no due time, another group's filter cannot apply,
+            # and the backend has nothing to admit or record.
+            index, handled, handled_to, batch.until_sample, failed, failure = handle_plain(
+                messages, index - 1, m_topic, m_partition, handler, batch.until_sample,
+                HANDLER_SAMPLE, handler_times, stop)
+            if handled:
+                ok += handled
+                last = handled_to
                 if track_in_place:
                     self._in_place.clear(tp)
+            if failed is None:
                 continue
+            assert failure is not None
             if ok:
                 processed[main] += ok
                 ok = 0
             if last >= 0:
                 finished[tp] = last
                 last = -1
-            self._failed(record, failure, tp, batch, main)
-            failure = None  # its traceback holds this frame: see ErrorInfo.detached
+            self._failed(failed, failure, tp, batch, main)
+            failure = None  # its traceback holds a frame of this batch: see ErrorInfo.detached
             skip = tp in stopped
         if ok:
             processed[main] += ok
         if last >= 0:
             finished[tp] = last
-        batch.until_sample = until_sample
 
     def _to_admit(self, messages: Sequence[Message]) -> list[Record]:
         """The records of a batch the backend's `admit` may be asked about and wants ahead: those

@@ -1,0 +1,163 @@
+"""handle_plain, the consumer's loop over headerless records: the C version (redrive._plainrun)
+and the Python reference give the same results, records and errors on the same messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from redrive import _plainrun
+from redrive.consumer.plain import PlainRun, handle_plain, handle_plain_python
+from redrive.record import NO_HISTORY, Record
+
+from ..fakes import FakeMessage
+
+IMPLEMENTATIONS = {"c": _plainrun.handle_plain, "python": handle_plain_python}
+HandlePlain = Callable[..., PlainRun]
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def run(request: pytest.FixtureRequest) -> HandlePlain:
+    return IMPLEMENTATIONS[request.param]
+
+
+def message(offset: int, partition: int = 0, topic: str = "orders", **extra: Any) -> Message:
+    fields: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset,
+                              "key": f"k{offset}".encode(), "value": f"v{offset}".encode(),
+                              "timestamp": (1, 1_700_000_000_000 + offset), **extra}
+    return Message(**fields)
+
+
+def collect(seen: list[Record], fail_offsets: set[int] = frozenset(),  # type: ignore[assignment]
+            ) -> Callable[[Record], None]:
+    def handler(record: Record) -> None:
+        seen.append(record)
+        if record.offset in fail_offsets:
+            raise ValueError(f"bad {record.offset}")
+    return handler
+
+
+def test_the_built_loop_is_the_one_the_runtime_uses() -> None:
+    assert handle_plain is _plainrun.handle_plain
+
+
+def test_a_run_of_one_partition_becomes_records_until_a_record_of_another_kind(
+        run: HandlePlain) -> None:
+    messages = [message(0), message(1), message(2), message(3, headers=[("h", b"1")]),
+                message(4)]
+    seen: list[Record] = []
+    result = run(messages, 0, "orders", 0, collect(seen), 100, 100, [], bytearray(1))
+    assert result == (3, 3, 2, 97, None, None)
+    assert seen == [Record("orders", 0, offset, 1_700_000_000_000 + offset,
+                           f"k{offset}".encode(), f"v{offset}".encode(), [], NO_HISTORY)
+                    for offset in range(3)]
+    assert all(type(record) is Record for record in seen)
+    assert len({id(record.headers) for record in seen}) == 3  # a list of its own each
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        seen[0].offset = 9  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("other", [
+    message(2, partition=1),
+    message(2, topic="payments"),
+    message(2, error=KafkaError(KafkaError._PARTITION_EOF)),
+    message(2, headers=[]),
+])
+def test_the_run_ends_before_another_partition_topic_an_error_or_headers(
+        run: HandlePlain, other: Message) -> None:
+    seen: list[Record] = []
+    messages = [message(0), message(1), other, message(3)]
+    assert run(messages, 0, "orders", 0, collect(seen), 100, 100, [], bytearray(1)) == \
+        (2, 2, 1, 98, None, None)
+    assert [record.offset for record in seen] == [0, 1]
+
+
+def test_a_run_may_start_mid_batch_and_end_at_its_end(run: HandlePlain) -> None:
+    seen: list[Record] = []
+    messages = (message(0, partition=1), message(5), message(6))  # any sequence
+    assert run(messages, 1, "orders", 0, collect(seen), 100, 100, [], bytearray(1)) == \
+        (3, 2, 6, 98, None, None)
+    assert run(messages, 3, "orders", 0, collect(seen), 7, 100, [], bytearray(1)) == \
+        (3, 0, -1, 7, None, None)
+    assert [record.offset for record in seen] == [5, 6]
+
+
+def test_a_raising_handler_ends_the_run_with_its_record_and_exception(run: HandlePlain) -> None:
+    seen: list[Record] = []
+    messages = [message(offset) for offset in range(6)]
+    index, handled, last, until, failed, failure = run(
+        messages, 0, "orders", 0, collect(seen, {3}), 100, 100, [], bytearray(1))
+    assert (index, handled, last, until) == (4, 3, 2, 96)
+    assert failed is seen[-1] and failed is not None and failed.offset == 3
+    assert isinstance(failure, ValueError) and str(failure) == "bad 3"
+    frames = [frame.name for frame in traceback.extract_tb(failure.__traceback__)]
+    assert frames[-1] == "handler"  # the trace reaches where the handler raised
+    # The run goes on after the failed record when called again, as the runtime does.
+    assert run(messages, index, "orders", 0, collect(seen), until, 100, [], bytearray(1)) == \
+        (6, 2, 5, 94, None, None)
+
+
+def test_an_exception_that_is_not_an_error_propagates(run: HandlePlain) -> None:
+    def handler(record: Record) -> None:
+        if record.offset == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run([message(0), message(1), message(2)], 0, "orders", 0, handler, 100, 100, [],
+            bytearray(1))
+
+
+def test_every_nth_handler_call_is_timed(run: HandlePlain) -> None:
+    times: list[float] = []
+
+    def handler(record: Record) -> None:
+        for _ in range(1000):
+            pass
+
+    messages = [message(offset) for offset in range(10)]
+    assert run(messages, 0, "orders", 0, handler, 3, 4, times, bytearray(1))[3] == 1
+    assert len(times) == 2  # the 3rd and 7th calls
+    assert all(0 < took < 1 for took in times)
+
+
+def test_a_stop_asked_by_the_handler_ends_the_run_after_its_record(run: HandlePlain) -> None:
+    stop = bytearray(1)
+    seen: list[Record] = []
+
+    def handler(record: Record) -> None:
+        seen.append(record)
+        if record.offset == 2:
+            stop[0] = 1
+
+    messages = [message(offset) for offset in range(6)]
+    assert run(messages, 0, "orders", 0, handler, 100, 100, [], stop) == \
+        (3, 3, 2, 97, None, None)
+    assert run(messages, 3, "orders", 0, handler, 100, 100, [], stop)[:3] == (3, 0, -1)
+    assert len(seen) == 3
+
+
+def test_messages_of_other_types_are_read_through_their_methods(run: HandlePlain) -> None:
+    seen: list[Record] = []
+    messages = [FakeMessage("orders", 0, 7, b"v"), FakeMessage("orders", 0, 8, b"w", [])]
+    assert run(messages, 0, "orders", 0, collect(seen), 100, 100, [], bytearray(1))[:3] == \
+        (1, 1, 7)
+    assert seen == [Record("orders", 0, 7, 1_700_000_000_000, None, b"v")]
+
+
+def test_no_reference_is_kept_or_lost(run: HandlePlain) -> None:
+    value, key = b"value-" * 20, b"key-" * 20
+    messages = [message(offset, key=key, value=value) for offset in range(50)]
+    gc.collect()  # records other tests left in cycles would go in the middle of the count
+    counts = sys.getrefcount(value), sys.getrefcount(key), sys.getrefcount(NO_HISTORY)
+    for _ in range(20):
+        run(messages, 0, "orders", 0, collect([], {49}), 100, 100, [], bytearray(1))
+        run(messages, 0, "orders", 0, lambda record: None, 100, 100, [], bytearray(1))
+    gc.collect()
+    assert (sys.getrefcount(value), sys.getrefcount(key), sys.getrefcount(NO_HISTORY)) == counts
