@@ -8,15 +8,22 @@ is the median of the rounds' ratios, so that a loop is compared with the one run
 than with runs the machine's other load made faster or slower. Throughput is counted from the
 first record handled to the last main-topic record handled, so group joins are left out.
 
+Every loop runs with two handlers: a trivial one, which leaves redrive's own costs in plain view,
+and one that spends --handler-us of CPU per call besides (default 20 us, about what decoding and
+totalling a 1 KB JSON order would cost in CPython: a 470-byte one takes 9 us on this machine), as
+a handler that does real work would.
+
 P1  RetryingConsumer with no failures / raw consume + per-batch synchronous commit loop doing the
-    same work (goal >= 0.90). Both use RetryingConsumer's client settings, so that the ratio
-    measures redrive's own work and not a difference in fetch tuning.
-P2  main-topic records/s with --fail-rate of records failing once / with none (goal >= 0.85),
-    beside the same ratio for a blocking consumer that sleeps the backoff and retries in place
-    (what users have without redrive; measured on a prefix of the records, as it is slow).
-    Also what one failure costs. With --handler-us N every handler call (the same in every loop)
-    spends N us more of CPU, as a handler that parses or enriches its record would: how P2 fares
-    when the handler's own work is not trivial beside a failure's cost.
+    same work, with the trivial handler (goal >= 0.90). Both use RetryingConsumer's client
+    settings, so that the ratio measures redrive's own work and not a difference in fetch tuning.
+P2  main-topic records/s with --fail-rate of records failing once / with none, with the working
+    handler (goal >= 0.85), beside the same ratio for a blocking consumer that sleeps the backoff
+    and retries in place (what users have without redrive; measured on a prefix of the records,
+    as it is slow); beside it the same ratio timed until the last retry was handled, not the last
+    main-topic record, which counts all the retries' handling but also the wait for the last ones
+    to fall due. Also P2 with the trivial handler and what one failure costs: with a trivial
+    handler a failure's copy, produced and consumed back, costs dozens of handler calls, so that
+    P2 there measures the failure path alone.
 P3  lateness past due of the retried records, p50 and p99 (goal p99 <= 250 ms), measured while
     records are written at a steady rate the consumer keeps up with; beside it the lateness of P2's
     retries, which wait behind a backlog read flat out; and how many records of all runs were
@@ -34,8 +41,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import TopicPartition
 
@@ -53,6 +61,11 @@ PACED_RATE = 5_000
 BATCH = 500
 QUIET_LOG = logging.getLogger("bench.consumer.client")
 QUIET_LOG.addHandler(logging.NullHandler())
+# noida-db ignores fetch.max.bytes and max.partition.fetch.bytes and answers a fetch with the whole
+# backlog of the partitions asked for; above librdkafka's default receive limit (100 MB, about
+# 900k of these records) every loop would stall on "Invalid response size". Given to every loop.
+CLIENT_OVERRIDES: Mapping[str, Any] = {"logger": QUIET_LOG,
+                                       "receive.message.max.bytes": 1_000_000_000}
 
 
 def failing(records: int, rate: float) -> bytes:
@@ -72,10 +85,8 @@ def work(value: bytes | None) -> int:
 
 
 def make_work(handler_us: float) -> Work:
-    """The handler's own work on a record, the same in every loop: `work`, and with --handler-us
-    that much CPU time besides (what parsing or enriching a record would cost)."""
-    if not handler_us:
-        return work
+    """The working handler's work on a record, the same in every loop: `work`, and handler_us of
+    CPU time besides (what parsing or enriching a record would cost)."""
     busy_s = handler_us / 1e6
 
     def busy_work(value: bytes | None) -> int:
@@ -101,7 +112,7 @@ def fill(bootstrap: str, records: int) -> str:
 
 @dataclass
 class Clock:
-    """First and last main-topic handling times of one run."""
+    """First and last main-topic handling times of one run, and when its last retry was handled."""
 
     first: float = 0.0
     last: float = 0.0
@@ -117,13 +128,16 @@ class Clock:
     def rate(self) -> float:
         return self.main_done / max(self.last - self.first, 1e-9)
 
+    def rate_with_retries(self, last_retry: float) -> float:
+        return self.main_done / max(max(self.last, last_retry) - self.first, 1e-9)
+
 
 def raw_run(bootstrap: str, topic: str, records: int, work: Work,
             fail_rate: float = 0.0) -> float:
     """The baseline loop; with fail_rate, failures sleep the backoff and retry in place."""
     fail = failing(records, fail_rate)
     consumer = kafka.consumer(bootstrap, f"bench-raw-{uuid.uuid4().hex[:8]}",
-                              {**CONSUMER_OVERRIDES, "logger": QUIET_LOG})
+                              {**CONSUMER_OVERRIDES, **CLIENT_OVERRIDES})
     consumer.subscribe([topic])
     clock = Clock()
     try:
@@ -154,6 +168,7 @@ def raw_run(bootstrap: str, topic: str, records: int, work: Work,
 @dataclass
 class RedriveRun:
     rate: float
+    rate_with_retries: float
     lateness_ms: list[float] = field(default_factory=list)
     early: int = 0
 
@@ -162,6 +177,7 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
                 fail_rate: float) -> RedriveRun:
     clock = Clock()
     lateness: list[float] = []
+    last_retry = [0.0]
     fail = failing(records, fail_rate)
     expected_retries = sum(fail)
 
@@ -173,6 +189,7 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
         if due is not None:
             lateness.append(time.time_ns() / 1e6 - due)
             work(value)
+            last_retry[0] = time.perf_counter()
             return
         index = int((value or b"0")[:8])
         work(value)
@@ -182,7 +199,7 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
 
     policy = RetryPolicy(backoff=Backoff.fixed(f"{BACKOFF_MS}ms"), attempts=2)
     consumer = RetryingConsumer(bootstrap, topic, f"bench-redrive-{uuid.uuid4().hex[:8]}",
-                                policy, handler, batch_size=BATCH, config={"logger": QUIET_LOG})
+                                policy, handler, batch_size=BATCH, config=dict(CLIENT_OVERRIDES))
     consumer.start()
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
@@ -196,7 +213,8 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
     if not finished:
         raise RuntimeError(f"run did not finish: {clock.main_done}/{records} main records, "
                            f"{len(lateness)}/{expected_retries} retries")
-    return RedriveRun(clock.rate(), lateness, sum(1 for late in lateness if late < 0))
+    return RedriveRun(clock.rate(), clock.rate_with_retries(last_retry[0]), lateness,
+                      sum(1 for late in lateness if late < 0))
 
 
 def paced_run(bootstrap: str, rate: int, seconds: float, work: Work,
@@ -244,79 +262,145 @@ def spread(ratios: list[float]) -> str:
     return f"{min(ratios):.2f}-{max(ratios):.2f}"
 
 
+@dataclass
+class Profile:
+    """One handler's runs: each round runs the raw loop and RetryingConsumer without failures and
+    RetryingConsumer with them, on a topic of its own."""
+
+    work: Work
+    records: int
+    topic: str = ""
+    raw: list[float] = field(default_factory=list)
+    clean: list[float] = field(default_factory=list)
+    failing: list[RedriveRun] = field(default_factory=list)
+
+    def fill(self, bootstrap: str) -> None:
+        self.topic = fill(bootstrap, self.records)
+        # A warm-up round, not counted: the first reads of a freshly written topic, the first
+        # group joins and imports are slower for whichever loop comes first.
+        raw_run(bootstrap, self.topic, self.records, self.work)
+        redrive_run(bootstrap, self.topic, self.records, self.work, 0.0)
+
+    def round(self, bootstrap: str, fail_rate: float, redrive_first: bool) -> None:
+        def raw() -> None:
+            self.raw.append(raw_run(bootstrap, self.topic, self.records, self.work))
+
+        def clean() -> None:
+            self.clean.append(
+                redrive_run(bootstrap, self.topic, self.records, self.work, 0.0).rate)
+
+        for run in (clean, raw) if redrive_first else (raw, clean):
+            run()
+        self.failing.append(
+            redrive_run(bootstrap, self.topic, self.records, self.work, fail_rate))
+
+    @property
+    def p1_rounds(self) -> list[float]:
+        return [c / r for c, r in zip(self.clean, self.raw, strict=True)]
+
+    @property
+    def p2_rounds(self) -> list[float]:
+        return [f.rate / c for f, c in zip(self.failing, self.clean, strict=True)]
+
+    @property
+    def p2_with_retries_rounds(self) -> list[float]:
+        return [f.rate_with_retries / c for f, c in zip(self.failing, self.clean, strict=True)]
+
+    @property
+    def raw_rate(self) -> float:
+        return statistics.median(self.raw)
+
+    @property
+    def clean_rate(self) -> float:
+        return statistics.median(self.clean)
+
+    @property
+    def failing_rate(self) -> float:
+        return statistics.median(run.rate for run in self.failing)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap", help="an existing cluster (default: start noida-db)")
     parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of figures")
     parser.add_argument("--fail-rate", type=float, default=0.05)
-    parser.add_argument("--handler-us", type=float, default=0.0,
-                        help="CPU time each handler call spends besides the trivial work")
+    parser.add_argument("--handler-us", type=float, default=20.0,
+                        help="CPU time each call of the working handler spends (P2's handler)")
     args = parser.parse_args()
     if not 0 < args.fail_rate < 1:
         parser.error(f"invalid --fail-rate={args.fail_rate!r}: must be between 0 and 1")
-    if args.handler_us < 0:
-        parser.error(f"invalid --handler-us={args.handler_us!r}: must not be negative")
-    work = make_work(args.handler_us)
-    records, runs, blocking_records = (300_000, 7, 600) if args.quick else (1_000_000, 9, 2_000)
+    if args.handler_us <= 0:
+        parser.error(f"invalid --handler-us={args.handler_us!r}: must be positive")
+    records, runs, blocking_records = (300_000, 5, 600) if args.quick else (1_000_000, 9, 2_000)
+    # The working handler's topic is sized so that its runs take a few times as long as trivial
+    # ones (a trivial record costs about 1 us), enough for their rates to settle.
+    working_records = max(10_000, min(records, int(records * 3 / (1 + args.handler_us))))
+    trivial = Profile(work, records)
+    working = Profile(make_work(args.handler_us), working_records)
 
     broker = None if args.bootstrap else DevBroker("noida-db").start(timeout_s=60)
     bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
     try:
-        topic = fill(bootstrap, records)
-        # A warm-up round, not counted: the first reads of a freshly written topic, the first
-        # group joins and imports are slower for whichever loop comes first.
-        raw_run(bootstrap, topic, records, work)
-        redrive_run(bootstrap, topic, records, work, 0.0)
-        raw: list[float] = []
-        clean: list[float] = []
-        failing: list[RedriveRun] = []
-        blocking: list[float] = []
+        for profile in (trivial, working):
+            profile.fill(bootstrap)
         for round_ in range(runs):
             # Every other round starts with redrive, so that neither loop always runs first.
-            if round_ % 2:
-                clean.append(redrive_run(bootstrap, topic, records, work, 0.0).rate)
-                raw.append(raw_run(bootstrap, topic, records, work))
-            else:
-                raw.append(raw_run(bootstrap, topic, records, work))
-                clean.append(redrive_run(bootstrap, topic, records, work, 0.0).rate)
-            failing.append(redrive_run(bootstrap, topic, records, work, args.fail_rate))
-        for _ in range(runs):
-            blocking.append(raw_run(bootstrap, topic, blocking_records, work, args.fail_rate))
-        paced = paced_run(bootstrap, PACED_RATE, 4.0 if args.quick else 10.0, work,
+            for profile in (trivial, working):
+                profile.round(bootstrap, args.fail_rate, redrive_first=bool(round_ % 2))
+        blocking = [raw_run(bootstrap, working.topic, blocking_records, working.work,
+                            args.fail_rate) for _ in range(runs)]
+        paced = paced_run(bootstrap, PACED_RATE, 4.0 if args.quick else 10.0, working.work,
                           args.fail_rate)
     finally:
         if broker is not None:
             broker.close()
 
-    raw_rate, clean_rate = statistics.median(raw), statistics.median(clean)
-    p1_rounds = [c / r for c, r in zip(clean, raw, strict=True)]
-    p2_rounds = [f.rate / c for f, c in zip(failing, clean, strict=True)]
-    failing_rate = statistics.median(run.rate for run in failing)
     blocking_rate = statistics.median(blocking)
     lateness = paced.lateness_ms
-    backlog_lateness = [late for run in failing for late in run.lateness_ms]
+    backlog_lateness = [late for run in working.failing for late in run.lateness_ms]
     figures = {
-        "p1": round(statistics.median(p1_rounds), 3),
-        "p2": round(statistics.median(p2_rounds), 3),
-        "p2_blocking": round(blocking_rate / raw_rate, 3),
+        "p1": round(statistics.median(trivial.p1_rounds), 3),
+        "p2": round(statistics.median(working.p2_rounds), 3),
+        "p2_blocking": round(blocking_rate / working.raw_rate, 3),
+        "p2_with_retries": round(statistics.median(working.p2_with_retries_rounds), 3),
         "p3_p50_ms": round(percentile(lateness, 0.50), 1),
         "p3_p99_ms": round(percentile(lateness, 0.99), 1),
-        "early": sum(run.early for run in failing) + paced.early,
+        "early": sum(run.early for p in (trivial, working) for run in p.failing) + paced.early,
+        "handler_us": args.handler_us,
+        "p1_working": round(statistics.median(working.p1_rounds), 3),
+        "p2_trivial": round(statistics.median(trivial.p2_rounds), 3),
+        "p2_failure_us": failure_cost_us(trivial.clean_rate, trivial.failing_rate,
+                                         args.fail_rate),
+        "p2_failure_us_working": failure_cost_us(working.clean_rate, working.failing_rate,
+                                                 args.fail_rate),
         "p3_backlog_p50_ms": round(percentile(backlog_lateness, 0.50), 1),
         "p3_backlog_p99_ms": round(percentile(backlog_lateness, 0.99), 1),
-        "p2_failure_us": failure_cost_us(clean_rate, failing_rate, args.fail_rate),
     }
     pct = f"{args.fail_rate:.0%}"
+    us = f"{args.handler_us:g} us"
     rows = [
-        ("P1 redrive / raw loop, no failures", f"{figures['p1']:.3f}", ">= 0.90",
-         f"{clean_rate:,.0f} / {raw_rate:,.0f} rec/s; rounds {spread(p1_rounds)}"),
-        (f"P2 redrive, {pct} failing / none", f"{figures['p2']:.3f}", ">= 0.85",
-         f"{failing_rate:,.0f} / {clean_rate:,.0f} rec/s; rounds {spread(p2_rounds)}"),
-        (f"P2 blocking in place, {pct} failing / none", f"{figures['p2_blocking']:.3f}", "",
-         f"{blocking_rate:,.0f} / {raw_rate:,.0f} rec/s"),
-        ("P2 cost of one failure (us)", f"{figures['p2_failure_us']:.1f}", "",
+        ("P1 redrive / raw loop, no failures, trivial", f"{figures['p1']:.3f}", ">= 0.90",
+         f"{trivial.clean_rate:,.0f} / {trivial.raw_rate:,.0f} rec/s; "
+         f"rounds {spread(trivial.p1_rounds)}"),
+        (f"P1 the same, handler {us}", f"{figures['p1_working']:.3f}", "",
+         f"{working.clean_rate:,.0f} / {working.raw_rate:,.0f} rec/s; "
+         f"rounds {spread(working.p1_rounds)}"),
+        (f"P2 redrive, {pct} failing / none, {us}", f"{figures['p2']:.3f}", ">= 0.85",
+         f"{working.failing_rate:,.0f} / {working.clean_rate:,.0f} rec/s; "
+         f"rounds {spread(working.p2_rounds)}"),
+        ("P2 the same, until the last retry handled", f"{figures['p2_with_retries']:.3f}", "",
+         f"rounds {spread(working.p2_with_retries_rounds)}; includes waiting out the last "
+         f"retries' {BACKOFF_MS} ms backoff"),
+        (f"P2 blocking in place, {us}", f"{figures['p2_blocking']:.3f}", "",
+         f"{blocking_rate:,.0f} / {working.raw_rate:,.0f} rec/s"),
+        ("P2 redrive, trivial handler", f"{figures['p2_trivial']:.3f}", "",
+         f"{trivial.failing_rate:,.0f} / {trivial.clean_rate:,.0f} rec/s; "
+         f"rounds {spread(trivial.p2_rounds)}"),
+        ("P2 cost of one failure (us), trivial", f"{figures['p2_failure_us']:.1f}", "",
          "its failed call, routing, copy, and retry handling as P2 counts them"),
+        (f"P2 cost of one failure (us), {us}", f"{figures['p2_failure_us_working']:.1f}", "",
+         "the same, with the failed call and the retry's call doing the work"),
         ("P3 lateness past due p50 (ms), paced", f"{figures['p3_p50_ms']:.1f}", "",
          f"{len(lateness)} retries, {PACED_RATE:,} rec/s written while consuming"),
         ("P3 lateness past due p99 (ms), paced", f"{figures['p3_p99_ms']:.1f}", "<= 250", ""),
@@ -325,8 +409,8 @@ def main() -> int:
         ("P3 lateness p99 (ms), P2's backlog", f"{figures['p3_backlog_p99_ms']:.1f}", "", ""),
         ("P3 handled before due", str(figures["early"]), "0", "all runs"),
     ]
-    print(f"consumer benchmark: {records:,} records x {runs} runs (medians), {PARTITIONS} "
-          f"partitions, backoff {BACKOFF_MS} ms, handler work +{args.handler_us:g} us, "
+    print(f"consumer benchmark: {records:,} records (working handler: {working_records:,}) x "
+          f"{runs} runs (medians), {PARTITIONS} partitions, backoff {BACKOFF_MS} ms, "
           f"{time.strftime('%Y-%m-%d')}")
     print(f"{'figure':<44} {'value':>8}  {'goal':<8}  detail")
     for name, value, goal, detail in rows:
