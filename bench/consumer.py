@@ -372,8 +372,6 @@ def main() -> int:
         "p2_trivial": round(statistics.median(trivial.p2_rounds), 3),
         "p2_failure_us": failure_cost_us(trivial.clean_rate, trivial.failing_rate,
                                          args.fail_rate),
-        "p2_failure_us_working": failure_cost_us(working.clean_rate, working.failing_rate,
-                                                 args.fail_rate),
         "p3_backlog_p50_ms": round(percentile(backlog_lateness, 0.50), 1),
         "p3_backlog_p99_ms": round(percentile(backlog_lateness, 0.99), 1),
     }
@@ -399,8 +397,6 @@ def main() -> int:
          f"rounds {spread(trivial.p2_rounds)}"),
         ("P2 cost of one failure (us), trivial", f"{figures['p2_failure_us']:.1f}", "",
          "its failed call, routing, copy, and retry handling as P2 counts them"),
-        (f"P2 cost of one failure (us), {us}", f"{figures['p2_failure_us_working']:.1f}", "",
-         "the same, with the failed call and the retry's call doing the work"),
         ("P3 lateness past due p50 (ms), paced", f"{figures['p3_p50_ms']:.1f}", "",
          f"{len(lateness)} retries, {PACED_RATE:,} rec/s written while consuming"),
         ("P3 lateness past due p99 (ms), paced", f"{figures['p3_p99_ms']:.1f}", "<= 250", ""),
