@@ -10,12 +10,9 @@
  * transaction markers or aborted records, never delivered), offsets at or past `end` are dropped,
  * any other consumer error is fatal, and a read that makes no progress for `poll_timeout_ms` fails.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_arrowbatch.h"
 
 #include <librdkafka/rdkafka.h>
-#include <stdint.h>
-#include <string.h>
 #include <time.h>
 
 #define CONSUME_BATCH 5000
@@ -23,162 +20,30 @@
 
 static PyObject *ReadError;
 
-/* A growable byte buffer. */
-typedef struct {
-    char *data;
-    size_t len, cap;
-} Buf;
-
-static int buf_reserve(Buf *b, size_t more) {
-    if (b->len + more <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + more)
-        cap *= 2;
-    char *data = realloc(b->data, cap);
-    if (data == NULL)
-        return -1;
-    b->data = data;
-    b->cap = cap;
-    return 0;
-}
-
-static int buf_put(Buf *b, const void *src, size_t n) {
-    if (buf_reserve(b, n) < 0)
-        return -1;
-    if (n)
-        memcpy(b->data + b->len, src, n);
-    b->len += n;
-    return 0;
-}
-
-/* A nullable Arrow binary/string column: validity bitmap, int32 offsets, data. */
-typedef struct {
-    Buf validity, offsets, data;
-    int64_t rows, nulls;
-} BinCol;
-
-static int bit_put(Buf *bitmap, int64_t row, int valid) {
-    if (row % 8 == 0) {
-        char zero = 0;
-        if (buf_put(bitmap, &zero, 1) < 0)
-            return -1;
-    }
-    if (valid)
-        bitmap->data[row / 8] |= (char)(1 << (row % 8));
-    return 0;
-}
-
-static int bincol_put(BinCol *c, const void *src, size_t n, int valid) {
-    if (c->rows == 0) {
-        int32_t zero = 0;
-        if (buf_put(&c->offsets, &zero, sizeof zero) < 0)
-            return -1;
-    }
-    if (bit_put(&c->validity, c->rows, valid) < 0)
-        return -1;
-    if (valid && buf_put(&c->data, src, n) < 0)
-        return -1;
-    if (c->data.len > INT32_MAX)
-        return -1;
-    int32_t end = (int32_t)c->data.len;
-    if (buf_put(&c->offsets, &end, sizeof end) < 0)
-        return -1;
-    c->rows++;
-    c->nulls += !valid;
-    return 0;
-}
-
-static void buf_clear(Buf *b) { b->len = 0; }
-
-static void bincol_clear(BinCol *c) {
-    buf_clear(&c->validity);
-    buf_clear(&c->offsets);
-    buf_clear(&c->data);
-    c->rows = c->nulls = 0;
-}
-
-static void bincol_free(BinCol *c) {
-    free(c->validity.data);
-    free(c->offsets.data);
-    free(c->data.data);
-    memset(c, 0, sizeof *c);
-}
-
-/* One batch's columns. Headers are list<struct<key: string, value: binary>>: the list's
- * validity and offsets, and the struct's two children. */
-typedef struct {
-    BinCol keys, values, header_keys, header_values;
-    Buf offsets, timestamps_us, timestamp_types, header_validity, header_offsets;
-    int64_t rows, header_nulls;
-} Batch;
-
-static void batch_clear(Batch *b) {
-    bincol_clear(&b->keys);
-    bincol_clear(&b->values);
-    bincol_clear(&b->header_keys);
-    bincol_clear(&b->header_values);
-    buf_clear(&b->offsets);
-    buf_clear(&b->timestamps_us);
-    buf_clear(&b->timestamp_types);
-    buf_clear(&b->header_validity);
-    buf_clear(&b->header_offsets);
-    b->rows = b->header_nulls = 0;
-}
-
-static void batch_free(Batch *b) {
-    bincol_free(&b->keys);
-    bincol_free(&b->values);
-    bincol_free(&b->header_keys);
-    bincol_free(&b->header_values);
-    free(b->offsets.data);
-    free(b->timestamps_us.data);
-    free(b->timestamp_types.data);
-    free(b->header_validity.data);
-    free(b->header_offsets.data);
-    memset(b, 0, sizeof *b);
-}
-
 static int batch_headers(Batch *b, const rd_kafka_message_t *m) {
     rd_kafka_headers_t *hdrs = NULL;
     size_t count = 0;
     if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR)
         count = rd_kafka_header_cnt(hdrs);
-    if (b->rows == 0) {
-        int32_t zero = 0;
-        if (buf_put(&b->header_offsets, &zero, sizeof zero) < 0)
-            return -1;
-    }
-    /* A record without headers has a null list, as confluent-kafka's headers() gives None. */
-    if (bit_put(&b->header_validity, b->rows, count > 0) < 0)
+    if (batch_headers_begin(b, count) < 0)
         return -1;
-    b->header_nulls += count == 0;
     for (size_t i = 0; i < count; i++) {
         const char *name;
         const void *value;
         size_t size;
-        if (rd_kafka_header_get_all(hdrs, i, &name, &value, &size) != RD_KAFKA_RESP_ERR_NO_ERROR)
-            return -1;
-        if (bincol_put(&b->header_keys, name, strlen(name), 1) < 0 ||
-            bincol_put(&b->header_values, value, size, value != NULL) < 0)
+        if (rd_kafka_header_get_all(hdrs, i, &name, &value, &size) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+            batch_header_put(b, name, strlen(name), value, size, value != NULL) < 0)
             return -1;
     }
-    int32_t end = (int32_t)b->header_keys.rows;
-    return buf_put(&b->header_offsets, &end, sizeof end);
+    return batch_headers_end(b);
 }
 
 static int batch_add(Batch *b, const rd_kafka_message_t *m, int with_headers) {
     rd_kafka_timestamp_type_t kind;
     int64_t ms = rd_kafka_message_timestamp(m, &kind);
-    int64_t us = ms * 1000;
     /* Spark's timestampType: -1 none, 0 create time, 1 log append time (librdkafka's minus 1). */
-    int32_t spark_kind = (int32_t)kind - 1;
-    int64_t offset = m->offset;
-    if (bincol_put(&b->keys, m->key, m->key_len, m->key != NULL) < 0 ||
-        bincol_put(&b->values, m->payload, m->len, m->payload != NULL) < 0 ||
-        buf_put(&b->offsets, &offset, sizeof offset) < 0 ||
-        buf_put(&b->timestamps_us, &us, sizeof us) < 0 ||
-        buf_put(&b->timestamp_types, &spark_kind, sizeof spark_kind) < 0)
+    if (batch_row(b, m->key, m->key_len, m->key != NULL, m->payload, m->len, m->payload != NULL,
+                  m->offset, ms * 1000, (int32_t)kind - 1) < 0)
         return -1;
     if (with_headers && batch_headers(b, m) < 0)
         return -1;
@@ -425,20 +290,6 @@ static int fill(RangeReader *self, int64_t max_rows, int64_t max_bytes, char *wh
     return 0;
 }
 
-static PyObject *bytes_of(const Buf *b) { return PyBytes_FromStringAndSize(b->data, (Py_ssize_t)b->len); }
-
-/* (validity or None, offsets, data, null count) of a binary column. */
-static PyObject *bincol_tuple(const BinCol *c) {
-    if (c->rows == 0)
-        return Py_BuildValue("(Oy#y#L)", Py_None, "\0\0\0\0", (Py_ssize_t)4, "", (Py_ssize_t)0,
-                             0LL);
-    PyObject *validity = c->nulls ? bytes_of(&c->validity) : Py_NewRef(Py_None);
-    if (validity == NULL)
-        return NULL;
-    return Py_BuildValue("(NNNL)", validity, bytes_of(&c->offsets), bytes_of(&c->data),
-                         (long long)c->nulls);
-}
-
 static PyObject *RangeReader_read(RangeReader *self, PyObject *args) {
     long long max_rows, max_bytes;
     if (!PyArg_ParseTuple(args, "LL", &max_rows, &max_bytes))
@@ -460,23 +311,7 @@ static PyObject *RangeReader_read(RangeReader *self, PyObject *args) {
     }
     if (b->rows == 0)
         Py_RETURN_NONE;
-    PyObject *headers;
-    if (self->with_headers) {
-        PyObject *list_validity = b->header_nulls ? bytes_of(&b->header_validity)
-                                                  : Py_NewRef(Py_None);
-        if (list_validity == NULL)
-            return NULL;
-        headers = Py_BuildValue("(NLNLNN)", list_validity, (long long)b->header_nulls,
-                                bytes_of(&b->header_offsets), (long long)b->header_keys.rows,
-                                bincol_tuple(&b->header_keys), bincol_tuple(&b->header_values));
-    } else {
-        headers = Py_NewRef(Py_None);
-    }
-    if (headers == NULL)
-        return NULL;
-    return Py_BuildValue("(LNNNNNN)", (long long)b->rows, bincol_tuple(&b->keys),
-                         bincol_tuple(&b->values), bytes_of(&b->offsets),
-                         bytes_of(&b->timestamps_us), bytes_of(&b->timestamp_types), headers);
+    return batch_tuple(b, self->with_headers);
 }
 
 static PyObject *RangeReader_close(RangeReader *self, PyObject *Py_UNUSED(ignored)) {

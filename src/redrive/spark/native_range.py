@@ -1,6 +1,6 @@
-"""Arrow batches from redrive._rangeread, the C reader of a partition range.
+"""Arrow batches from redrive's C readers of a partition range (_fetchread and _rangeread).
 
-The reader hands back each batch as the raw buffers of its Arrow columns; they are wrapped here
+A reader hands back each batch as the raw buffers of its Arrow columns; they are wrapped here
 without a copy and without a Python object per record. Only the two constant columns (topic and
 partition) are made here.
 """
@@ -8,15 +8,19 @@ partition) are made here.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from redrive._rangeread import BinaryBuffers, RangeReader
+    from redrive._rangeread import BatchBuffers, BinaryBuffers
 
 
-def batches(reader: RangeReader, topic: str, partition: int, schema: pa.Schema, *,
+class BufferReader(Protocol):
+    def read(self, max_rows: int, max_bytes: int) -> BatchBuffers | None: ...
+
+
+def batches(reader: BufferReader, topic: str, partition: int, schema: pa.Schema, *,
             max_rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
     """The range's records as batches of `schema` (Spark's Arrow form of the Kafka schema)."""
     while (buffers := reader.read(max_rows, max_bytes)) is not None:

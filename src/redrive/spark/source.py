@@ -83,6 +83,9 @@ ARROW_BATCH_ROWS = 20_000
 ARROW_BATCH_BYTES = 64 << 20
 NATIVE_MISSING = ("the native reader (redrive._rangeread) is not built: install librdkafka's "
                   "development files (Debian: librdkafka-dev), then reinstall redrive")
+FETCH_MISSING = ("the fetch reader (redrive._fetchread) is not built: it needs a C compiler and "
+                 "Python's headers when redrive is installed")
+READERS = ("auto", "fetch", "native", "python")
 # Records per consume(): a few thousand Message objects stay in the CPU caches while their fields
 # are read out; 2,000 to 10,000 measured alike, 50,000 and more were measurably slower.
 CONSUME_BATCH = 5_000
@@ -250,6 +253,8 @@ class SourceOptions:
     poll_timeout_s: float
     gate_scan_limit: int
     native: bool
+    # The fetch-protocol reader first, the librdkafka one (native) or confluent-kafka for the rest.
+    fetch: bool
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -279,11 +284,16 @@ class SourceOptions:
             overrides[client_name] = value
         poll_ms = _positive_int(lowered, "kafkaConsumer.pollTimeoutMs") or 120_000
         reader = lowered.get("redrive.reader", "auto").strip().lower()
-        if reader not in ("auto", "native", "python"):
+        if reader not in READERS:
             raise SourceOptionError("redrive.reader", lowered["redrive.reader"],
-                                    "expected auto, native or python")
+                                    "expected " + ", ".join(READERS[:-1]) + " or python")
         if reader == "native" and not native_reader_built():
             raise SourceOptionError("redrive.reader", reader, NATIVE_MISSING)
+        if reader == "fetch" and not fetch_reader_built():
+            raise SourceOptionError("redrive.reader", reader, FETCH_MISSING)
+        fetch_unsupported = _fetch_unsupported(overrides)
+        if reader == "fetch" and fetch_unsupported:
+            raise SourceOptionError("redrive.reader", reader, fetch_unsupported)
         return cls(
             bootstrap=bootstrap,
             topics=topics,
@@ -298,7 +308,9 @@ class SourceOptions:
             fail_on_data_loss=_flag(lowered, "failOnDataLoss", True),
             poll_timeout_s=poll_ms / 1000.0,
             gate_scan_limit=_positive_int(lowered, "redrive.gate.scanLimit") or 200_000,
-            native=reader == "native" or (reader == "auto" and native_reader_built()),
+            native=reader == "native" or (reader in ("auto", "fetch") and native_reader_built()),
+            fetch=reader == "fetch" or (reader == "auto" and fetch_reader_built()
+                                        and not fetch_unsupported),
         )
 
     def gated(self, topic: str) -> bool:
@@ -665,6 +677,28 @@ def _resume_after_reset(consumer: Consumer, topic: str, partition: int, position
     return position
 
 
+def _fetch_unsupported(overrides: Mapping[str, str]) -> str | None:
+    """Why the fetch reader cannot serve these client settings, or None: it speaks plaintext
+    only, does not check record CRCs, and fetches from leaders, not from a rack's follower."""
+    protocol = overrides.get("security.protocol", "plaintext").strip().lower()
+    if protocol != "plaintext":
+        return f"kafka.security.protocol={protocol}: the fetch reader speaks plaintext only"
+    if overrides.get("check.crcs", "false").strip().lower() in ("true", "1"):
+        return "kafka.check.crcs=true: the fetch reader does not check CRCs"
+    if overrides.get("client.rack", "").strip():
+        return "kafka.client.rack: the fetch reader reads from leaders only"
+    return None
+
+
+def fetch_reader_built() -> bool:
+    """Whether redrive._fetchread, the fetch-protocol reader, was built and loads."""
+    try:
+        import redrive._fetchread  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def native_reader_built() -> bool:
     """Whether redrive._rangeread, the C range reader, was built and loads."""
     try:
@@ -683,9 +717,45 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBa
     confluent-kafka loop below, without a Python object per record.
     """
     schema = to_arrow_schema(kafka_schema(options.include_headers), timezone="UTC")
+    if options.fetch:
+        return _read_fetch(options, part, schema)
+    return _read_client(options, part, schema)
+
+
+def _read_client(options: SourceOptions, part: KafkaRange,
+                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The range through a Kafka client library: librdkafka from C, or confluent-kafka."""
     if options.native:
         return _read_native(options, part, schema)
     return _read_python(options, part, schema)
+
+
+def _read_fetch(options: SourceOptions, part: KafkaRange,
+                schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The range through redrive._fetchread, which speaks Kafka's fetch protocol itself; what it
+    hands back (a compressed batch, a partition error, a broker it cannot reach) is read by the
+    client library from the offset it reached, by the same rules as any other read."""
+    from redrive._fetchread import FetchReader, ReadError
+    from redrive.spark import native_range
+
+    reader = FetchReader(options.bootstrap, part.topic, part.partition, part.start, part.end,
+                         options.include_headers, options.read_committed,
+                         max(1, round(options.poll_timeout_s * 1000)),
+                         options.client_overrides.get("client.id", "redrive"))
+    try:
+        yield from native_range.batches(reader, part.topic, part.partition, schema,
+                                        max_rows=ARROW_BATCH_ROWS, max_bytes=ARROW_BATCH_BYTES)
+    except ReadError as exc:
+        raise KafkaReadFailed(part.topic, part.partition, part.start, part.end,
+                              str(exc)) from None
+    finally:
+        reader.close()
+    if reader.handoff is None or reader.position >= part.end:
+        return
+    log.info("%s[%d]: offsets %d to %d read by the client library: %s", part.topic,
+             part.partition, reader.position, part.end - 1, reader.handoff)
+    yield from _read_client(options, KafkaRange(part.topic, part.partition, reader.position,
+                                                part.end), schema)
 
 
 def _read_native(options: SourceOptions, part: KafkaRange,
