@@ -1,0 +1,193 @@
+"""redrive._fetchread against a scripted peer: the wire cases a real broker shows only in rare
+states. (tests/integration/spark/test_range_readers.py reads real brokers with every reader.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from redrive._fetchread import FetchReader, ReadError
+from redrive.spark import native_range
+from redrive.spark.source import kafka_schema
+
+from .wire import Answer, Fetch, Peer, batch, record
+
+TOPIC = "orders"
+LOG_APPEND = 0x08
+TRANSACTIONAL = 0x10
+MARKER = 0x20
+
+
+@pytest.fixture
+def peer() -> Iterator[Callable[..., Peer]]:
+    started: list[Peer] = []
+
+    def start(answer: Callable[[Fetch], Answer], **kwargs: object) -> Peer:
+        started.append(Peer(TOPIC, 0, answer, **kwargs))  # type: ignore[arg-type]
+        return started[-1]
+
+    yield start
+    for each in started:
+        each.close()
+
+
+def answers(*given: Answer) -> Callable[[Fetch], Answer]:
+    """The given answers in turn, then empty ones."""
+    queue = list(given)
+    return lambda fetch: queue.pop(0) if queue else Answer()
+
+
+def reader(peer: Peer, start: int, end: int, *, headers: bool = True,
+           committed: bool = True, timeout_ms: int = 2_000) -> FetchReader:
+    return FetchReader(peer.bootstrap, TOPIC, 0, start, end, headers, committed, timeout_ms)
+
+
+def table(fetch_reader: FetchReader, max_rows: int = 1_000) -> pa.Table:
+    schema = to_arrow_schema(kafka_schema(True), timezone="UTC")
+    batches = list(native_range.batches(fetch_reader, TOPIC, 0, schema, max_rows=max_rows,
+                                        max_bytes=1 << 30))
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def values(read: pa.Table) -> list[bytes | None]:
+    return read.column("value").to_pylist()
+
+
+def test_records_keys_headers_and_times_come_through(peer: Callable[..., Peer]) -> None:
+    records = [
+        record(0, b"v0", b"k0", headers=[("a", b"1"), ("nothing", None)]),
+        record(1, None, None, ts_delta=5),
+        record(2, b"", b""),
+    ]
+    source = peer(answers(Answer(batch(40, records, base_ts=1_700_000_000_000),
+                                 high_watermark=43)))
+    read = table(reader(source, 40, 43))
+    assert read.to_pylist() == [
+        {"key": b"k0", "value": b"v0", "topic": TOPIC, "partition": 0, "offset": 40,
+         "timestamp": read.column("timestamp")[0].as_py(), "timestampType": 0,
+         "headers": [{"key": "a", "value": b"1"}, {"key": "nothing", "value": None}]},
+        {"key": None, "value": None, "topic": TOPIC, "partition": 0, "offset": 41,
+         "timestamp": read.column("timestamp")[1].as_py(), "timestampType": 0, "headers": None},
+        {"key": b"", "value": b"", "topic": TOPIC, "partition": 0, "offset": 42,
+         "timestamp": read.column("timestamp")[2].as_py(), "timestampType": 0, "headers": None},
+    ]
+    assert [t.value for t in read.column("timestamp")] == \
+        [1_700_000_000_000_000, 1_700_000_000_005_000, 1_700_000_000_000_000]
+    assert source.fetches[0].offset == 40
+
+
+def test_log_append_time_is_the_batch_s_max_timestamp(peer: Callable[..., Peer]) -> None:
+    source = peer(answers(Answer(batch(0, [record(0, b"a", ts_delta=1), record(1, b"b")],
+                                       base_ts=1_000, max_ts=9_000, attributes=LOG_APPEND))))
+    read = table(reader(source, 0, 2))
+    assert [t.value for t in read.column("timestamp")] == [9_000_000, 9_000_000]
+    assert read.column("timestampType").to_pylist() == [1, 1]
+
+
+def test_a_batch_beginning_before_the_range_and_a_range_ending_inside_a_batch(
+        peer: Callable[..., Peer]) -> None:
+    source = peer(answers(Answer(batch(0, [record(i, b"v%d" % i) for i in range(10)]))))
+    fetch_reader = reader(source, 4, 7)
+    assert values(table(fetch_reader)) == [b"v4", b"v5", b"v6"]
+    assert fetch_reader.position == 7
+    assert fetch_reader.handoff is None
+
+
+def test_a_batch_is_taken_across_reads_when_a_read_fills_up(peer: Callable[..., Peer]) -> None:
+    source = peer(answers(Answer(batch(0, [record(i, b"v%d" % i) for i in range(10)]))))
+    fetch_reader = reader(source, 0, 10)
+    read = table(fetch_reader, max_rows=3)
+    assert [b.num_rows for b in read.to_batches()] == [3, 3, 3, 1]
+    assert values(read) == [b"v%d" % i for i in range(10)]
+    assert len(source.fetches) == 1
+
+
+def test_a_batch_cut_short_by_the_answer_is_fetched_again(peer: Callable[..., Peer]) -> None:
+    first = batch(0, [record(0, b"a"), record(1, b"b")])
+    second = batch(2, [record(0, b"c"), record(1, b"d")])
+    source = peer(answers(Answer(first + second[:30]), Answer(second)))
+    assert values(table(reader(source, 0, 4))) == [b"a", b"b", b"c", b"d"]
+    assert [f.offset for f in source.fetches] == [0, 2]
+
+
+def test_a_batch_larger_than_the_fetch_size_makes_the_next_fetch_larger(
+        peer: Callable[..., Peer]) -> None:
+    big = batch(0, [record(0, b"x" * (3 << 20))])
+    source = peer(lambda fetch: Answer(big if fetch.partition_max_bytes >= len(big)
+                                       else big[:fetch.partition_max_bytes]))
+    assert values(table(reader(source, 0, 1))) == [b"x" * (3 << 20)]
+    assert source.fetches[0].partition_max_bytes < len(big) <= \
+        source.fetches[-1].partition_max_bytes
+
+
+def test_aborted_transactions_and_markers(peer: Callable[..., Peer]) -> None:
+    # Producer 5 aborts offsets 1-2 (marker at 3); producer 6 commits offset 4 (marker at 5);
+    # producer 5 then commits offset 6 (marker at 7): its later transaction is read.
+    abort, commit = b"\0\0\0\0", b"\0\0\0\1"
+    data = (batch(0, [record(0, b"plain")])
+            + batch(1, [record(0, b"aborted1"), record(1, b"aborted2")],
+                    attributes=TRANSACTIONAL, producer_id=5)
+            + batch(3, [record(0, b"", abort)], attributes=TRANSACTIONAL | MARKER, producer_id=5)
+            + batch(4, [record(0, b"committed")], attributes=TRANSACTIONAL, producer_id=6)
+            + batch(5, [record(0, b"", commit)], attributes=TRANSACTIONAL | MARKER, producer_id=6)
+            + batch(6, [record(0, b"later")], attributes=TRANSACTIONAL, producer_id=5)
+            + batch(7, [record(0, b"", commit)], attributes=TRANSACTIONAL | MARKER,
+                    producer_id=5))
+    committed = peer(answers(Answer(data, aborted=[(5, 1)])))
+    fetch_reader = reader(committed, 0, 8)
+    assert values(table(fetch_reader)) == [b"plain", b"committed", b"later"]
+    assert fetch_reader.position == 8
+    uncommitted = peer(answers(Answer(data)))
+    assert values(table(reader(uncommitted, 0, 8, committed=False))) == \
+        [b"plain", b"aborted1", b"aborted2", b"committed", b"later"]
+
+
+@pytest.mark.parametrize(("given", "why"), [
+    (Answer(batch(0, [record(0, b"a")]) + batch(1, [record(0, b"b")], magic=1)),
+     "a record batch of message format v1"),
+    (Answer(batch(0, [record(0, b"a")]) + batch(1, [record(0, b"b")], attributes=4)),
+     "a compressed record batch (codec 4)"),
+    (Answer(batch(0, [record(0, b"a")]) + batch(1, [b"\x7f\x00"])), "a malformed record"),
+])
+def test_what_the_reader_does_not_handle_is_handed_off_at_its_offset(
+        peer: Callable[..., Peer], given: Answer, why: str) -> None:
+    fetch_reader = reader(peer(answers(given)), 0, 5)
+    assert values(table(fetch_reader)) == [b"a"]
+    assert fetch_reader.position == 1
+    assert fetch_reader.handoff == why
+
+
+def test_a_partition_error_is_handed_off_naming_its_code(peer: Callable[..., Peer]) -> None:
+    fetch_reader = reader(peer(answers(Answer(None, error=6))), 3, 5)
+    assert table(fetch_reader).num_rows == 0
+    assert (fetch_reader.position, fetch_reader.handoff) == \
+        (3, "the broker answered the fetch with error 6")
+
+
+def test_a_connection_dropped_mid_answer_is_handed_off_after_the_last_whole_batch(
+        peer: Callable[..., Peer]) -> None:
+    data = batch(0, [record(0, b"a"), record(1, b"b")]) + batch(2, [record(0, b"c")])
+    source = peer(answers(Answer(data, cut=40 + len(TOPIC) + 4 + len(data) - 5)))
+    fetch_reader = reader(source, 0, 3)
+    assert values(table(fetch_reader)) == [b"a", b"b"]
+    assert fetch_reader.position == 2
+    assert fetch_reader.handoff is not None
+    assert "the broker closed the connection" in fetch_reader.handoff
+
+
+def test_the_leader_named_by_metadata_is_read(peer: Callable[..., Peer]) -> None:
+    leader = peer(answers(Answer(batch(0, [record(0, b"from the leader")]))))
+    bootstrap = peer(answers(), leader=leader.address)
+    assert values(table(reader(bootstrap, 0, 1))) == [b"from the leader"]
+    assert (bootstrap.metadata_requests, len(bootstrap.fetches), len(leader.fetches)) == (1, 0, 1)
+
+
+def test_a_range_past_what_the_partition_holds_fails_naming_the_offset(
+        peer: Callable[..., Peer]) -> None:
+    fetch_reader = reader(peer(answers(Answer(batch(0, [record(0, b"a")])))), 0, 2,
+                          timeout_ms=300)
+    with pytest.raises(ReadError, match=r"stuck at offset 1 for 0\.3s"):
+        table(fetch_reader)
