@@ -19,13 +19,11 @@ and records already found due are never scanned twice. Topics outside the gate a
 from __future__ import annotations
 
 import bisect
-import gc
 import json
 import logging
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, cast
@@ -68,6 +66,7 @@ from pyspark.sql.types import (
 from redrive import gate, kafka
 from redrive import headers as h
 from redrive.errors import BrokerUnavailable, RedriveError
+from redrive.spark import collector
 
 log = logging.getLogger(__name__)
 
@@ -558,24 +557,6 @@ class KafkaRange(InputPartition):
     end: int
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Hold the cyclic garbage collector off while Python objects are made by the thousand.
-
-    Each consumed record is a Message object (tracked by the collector) and a timestamp tuple;
-    with the collector on, tens of thousands of them alive at once set off collections that
-    cost a third of the read. The read makes no reference cycles, so nothing is left for the
-    collector to find; it is switched back on (if it was on) before each batch leaves."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def _size(items: list[bytes | None]) -> int:
     """Bytes held by `items`, None counting as nothing."""
     try:
@@ -797,7 +778,7 @@ def _read_python(options: SourceOptions, part: KafkaRange,
         position = part.start
         idle_until = time.monotonic() + options.poll_timeout_s
         while position < part.end:
-            with _gc_paused():
+            with collector.paused():
                 position, idle_until = _consume_into(consumer, columns, part, position,
                                                      idle_until, options, errors)
                 full = (len(columns) >= ARROW_BATCH_ROWS
@@ -806,7 +787,7 @@ def _read_python(options: SourceOptions, part: KafkaRange,
             if ready is not None:
                 yield ready
         if len(columns):
-            with _gc_paused():
+            with collector.paused():
                 ready = columns.batch(schema)
             yield ready
     finally:

@@ -23,6 +23,7 @@ from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Route, route
+from redrive.spark import collector
 from redrive.spark.writer import cached_producer
 from redrive.topics import partition_for
 
@@ -68,10 +69,11 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-# What routing reads of a failed row (record_of and error_of): the rest of a processed row (its
-# status columns and the output struct) is left out of the routing job's input.
+# What routing reads of a failed row (see failures): the rest of a processed row (its status
+# columns and the output struct) is left out of the routing job's input.
 ROUTING_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers",
                    "error_type", "error_message", "error_trace", "error_chain")
+_ERROR_COLUMNS = ROUTING_COLUMNS[-4:]
 
 
 def record_of(row: Mapping[str, Any]) -> Record:
@@ -118,10 +120,31 @@ def _error_columns(error: ErrorInfo | None) -> dict[str, Any]:
             "error_trace": error.trace, "error_chain": json.dumps(error.chain)}
 
 
-def error_of(row: Mapping[str, Any]) -> ErrorInfo:
-    chain = tuple(tuple(kinds) for kinds in json.loads(row["error_chain"] or "[]"))
-    return ErrorInfo(row["error_type"] or "", row["error_message"] or "",
-                     row["error_trace"] or "", chain)
+def _error_info(type_name: str | None, message: str | None, trace: str | None,
+                chain: str | None) -> ErrorInfo:
+    kinds = tuple(tuple(names) for names in json.loads(chain or "[]"))
+    return ErrorInfo(type_name or "", message or "", trace or "", kinds)
+
+
+def failures(batch: pa.RecordBatch) -> Iterator[tuple[Record, ErrorInfo]]:
+    """The failed rows of a routing batch (ROUTING_COLUMNS) as records and their errors.
+
+    Read column by column, since a dict per row costs about as much as routing the row, and each
+    distinct error decoded once per batch: a batch's failures mostly share one error (an outage,
+    a bad deploy), and its trace is the longest field of the row."""
+    columns = [batch.column(name).to_pylist()
+               for name in ("topic", "partition", "offset", "key", "value", "headers")]
+    columns.append(batch.column("timestamp").cast(pa.int64()).to_pylist())
+    errors = zip(*(batch.column(name).to_pylist() for name in _ERROR_COLUMNS), strict=True)
+    known: dict[tuple[str | None, ...], ErrorInfo] = {}
+    for (topic, partition, offset, key, value, pairs, stamp_us), error in zip(
+            zip(*columns, strict=True), errors, strict=True):
+        info = known.get(error)
+        if info is None:
+            info = known[error] = _error_info(*error)
+        headers = [(pair["key"], pair["value"] or b"") for pair in pairs or ()]
+        yield Record(topic, partition, offset, 0 if stamp_us is None else stamp_us // 1000,
+                     key, value, headers), info
 
 
 def call_with_in_place(function: Callable[[], Mapping[str, Any]], policy: RetryPolicy,
@@ -281,17 +304,16 @@ def _conform(output: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str
     return {name: output.get(name) for name in names}
 
 
-def _routed(row: Mapping[str, Any], policy: RetryPolicy, group: str,
+def _routed(record: Record, error: ErrorInfo, policy: RetryPolicy, group: str,
             partitions: Mapping[str, int], now: int
-            ) -> tuple[Record, Route, str, str | None, int | None]:
-    """A failed row's record, its route, the route's kind and dead-letter reason (None for a
-    retry), and the copy's partition."""
-    record = record_of(row)
-    decision = route(record, error_of(row), policy, now, group=group)
+            ) -> tuple[Route, str, str | None, int | None]:
+    """A failed record's route, the route's kind and dead-letter reason (None for a retry), and
+    the copy's partition."""
+    decision = route(record, error, policy, now, group=group)
     kind, reason = (("dead-letter", decision.reason) if isinstance(decision, DeadLetter)
                     else ("retry", None))
     count = partitions.get(decision.topic, 0) if decision.topic is not None else 0
-    return record, decision, kind, reason, partition_for(decision.partition, count)
+    return decision, kind, reason, partition_for(decision.partition, count)
 
 
 def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, group: str,
@@ -300,18 +322,20 @@ def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, gro
     for batch in batches:
         out: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
         now = _now_ms()
-        for row in batch.to_pylist():
-            record, decision, kind, reason, partition = _routed(row, policy, group,
-                                                                partitions, now)
-            out["topic"].append(decision.topic)
-            out["key"].append(record.key)
-            out["value"].append(record.value)
-            out["headers"].append([{"key": k, "value": v} for k, v in decision.headers])
-            out["partition"].append(partition)
-            out["kind"].append(kind)
-            out["reason"].append(reason)
-            out["attempt"].append(decision.attempt)
-        yield pa.RecordBatch.from_pydict(out, schema=ROUTED_SCHEMA)
+        with collector.paused():
+            for record, error in failures(batch):
+                decision, kind, reason, partition = _routed(record, error, policy, group,
+                                                            partitions, now)
+                out["topic"].append(decision.topic)
+                out["key"].append(record.key)
+                out["value"].append(record.value)
+                out["headers"].append([{"key": k, "value": v} for k, v in decision.headers])
+                out["partition"].append(partition)
+                out["kind"].append(kind)
+                out["reason"].append(reason)
+                out["attempt"].append(decision.attempt)
+            routed = pa.RecordBatch.from_pydict(out, schema=ROUTED_SCHEMA)
+        yield routed
 
 
 @dataclass(frozen=True)
@@ -336,15 +360,16 @@ class RouteAndProduce:
         def copies() -> Iterator[kafka.OutRecord]:
             for batch in batches:
                 now = _now_ms()
-                for row in batch.to_pylist():
-                    record, decision, kind, reason, partition = _routed(
-                        row, self.policy, self.group, self.partitions, now)
+                for record, error in failures(batch):
+                    decision, kind, reason, partition = _routed(
+                        record, error, self.policy, self.group, self.partitions, now)
                     counts[(kind, reason, decision.attempt, decision.topic)] += 1
                     if decision.topic is not None:
                         yield kafka.OutRecord(decision.topic, record.value, record.key,
                                               decision.headers, partition)
 
-        kafka.produce_confirmed(cached_producer(self.connection), copies(), self.timeout_s)
+        with collector.paused():
+            kafka.produce_confirmed(cached_producer(self.connection), copies(), self.timeout_s)
         yield pa.RecordBatch.from_pylist(
             [{"kind": kind, "reason": reason, "attempt": attempt, "topic": topic, "count": n}
              for (kind, reason, attempt, topic), n in counts.items()],
