@@ -5,6 +5,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from redrive import headers as h
 from redrive.policy import Backoff, InPlace, RetryPolicy
@@ -185,3 +186,47 @@ def test_failed_rows_leave_no_reference_cycles() -> None:
     assert [r["in_place"] for r in rows[:3]] == [0, 0, 2]
     assert vectorized.num_rows == 5
     assert left == 0
+
+
+def test_failures_are_read_column_by_column_with_each_distinct_error_decoded_once() -> None:
+    def function(record: dict[str, Any]) -> dict[str, Any]:
+        raise (ConnectionError("down") if record["offset"] % 2 else ValueError("bad"))
+
+    stamp = datetime(2026, 1, 1, 0, 0, 1, 500_000, tzinfo=UTC)
+    rows = run([{"key": None, "value": b"v0", "timestamp": stamp},
+                {"value": None, "headers": [{"key": "h", "value": None}]},
+                {"key": b"k2"}, {}], function)
+    failed = pa.RecordBatch.from_pylist(rows).select(list(tasks.ROUTING_COLUMNS))
+    read = list(tasks.failures(failed))
+    assert [(r.offset, r.key, r.value, r.headers) for r, _ in read] == [
+        (0, None, b"v0", []), (1, b"k", None, [("h", b"")]), (2, b"k2", b"1", []),
+        (3, b"k", b"1", [])]
+    assert read[0][0].timestamp_ms == int(stamp.timestamp() * 1000)
+    assert [(e.type_name, e.message) for _, e in read] == [
+        ("ValueError", "bad"), ("ConnectionError", "down")] * 2
+    assert read[0][1].chain == (("ValueError", "Exception", "BaseException"),)
+    # Rows sharing an error share its decoded form: the chain is parsed once per batch.
+    assert read[0][1] is read[2][1] and read[1][1] is read[3][1]
+    assert all(record == tasks.record_of(row) for (record, _), row in zip(read, rows,
+                                                                           strict=True))
+
+
+def test_routing_leaves_the_collector_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = run([{}], lambda r: (_ for _ in ()).throw(ConnectionError("down")))
+    failed = pa.RecordBatch.from_pylist(rows).select(list(tasks.ROUTING_COLUMNS))
+    seen: list[bool] = []
+    original = tasks._routed
+
+    def spy(*args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return original(*args)
+
+    monkeypatch.setattr(tasks, "_routed", spy)
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            next(tasks.route_batches(iter([failed]), policy=POLICY, group="g", partitions={}))
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+    assert seen == [False, False]
