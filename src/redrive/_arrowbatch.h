@@ -206,4 +206,31 @@ static PyObject *batch_tuple(const Batch *b, int with_headers) {
                          bytes_of(&b->timestamps_us), bytes_of(&b->timestamp_types), headers);
 }
 
+/* A reader's fill: adds records to its batch until max_rows, max_bytes or the range's end; runs
+ * without the GIL and returns -1 with `why` for a read that must fail. */
+typedef int (*FillBatch)(void *reader, int64_t max_rows, int64_t max_bytes, char *why,
+                         size_t why_len);
+
+/* The body of a reader's read(max_rows, max_bytes): the next batch's buffers, None when the
+ * batch came out empty, or `error` raised with fill's reason. */
+static PyObject *read_batch(void *reader, Batch *b, int with_headers, FillBatch fill,
+                            PyObject *error, PyObject *args) {
+    long long max_rows, max_bytes;
+    if (!PyArg_ParseTuple(args, "LL", &max_rows, &max_bytes))
+        return NULL;
+    batch_clear(b);
+    char why[512] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fill(reader, max_rows, max_bytes, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_SetString(error, why);
+        return NULL;
+    }
+    if (b->rows == 0)
+        Py_RETURN_NONE;
+    return batch_tuple(b, with_headers);
+}
+
 #endif

@@ -724,7 +724,9 @@ no_memory:
 /* Fills the batch until it holds max_rows records or max_bytes of keys and values, the range is
  * done, or the rest is handed off. Runs without the GIL. Returns -1 (with `why`) only for a read
  * that makes no progress while the broker answers. */
-static int fill(FetchReader *self, int64_t max_rows, int64_t max_bytes, char *why, size_t why_len) {
+static int fill_batch(void *reader, int64_t max_rows, int64_t max_bytes, char *why,
+                      size_t why_len) {
+    FetchReader *self = reader;
     Batch *b = &self->batch;
     int64_t seen = self->position;
     double idle_until = monotonic_ms() + self->poll_timeout_ms;
@@ -829,27 +831,11 @@ static int FetchReader_init(FetchReader *self, PyObject *args, PyObject *kwargs)
 }
 
 static PyObject *FetchReader_read(FetchReader *self, PyObject *args) {
-    long long max_rows, max_bytes;
-    if (!PyArg_ParseTuple(args, "LL", &max_rows, &max_bytes))
-        return NULL;
     if (self->topic == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "FetchReader is not initialised");
         return NULL;
     }
-    Batch *b = &self->batch;
-    batch_clear(b);
-    char why[512] = "";
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fill(self, max_rows, max_bytes, why, sizeof why);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        PyErr_SetString(ReadError, why);
-        return NULL;
-    }
-    if (b->rows == 0)
-        Py_RETURN_NONE;
-    return batch_tuple(b, self->with_headers);
+    return read_batch(self, &self->batch, self->with_headers, fill_batch, ReadError, args);
 }
 
 static PyObject *FetchReader_close(FetchReader *self, PyObject *Py_UNUSED(ignored)) {

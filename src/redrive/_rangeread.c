@@ -240,7 +240,9 @@ static int resume_after_reset(RangeReader *self, char *why, size_t why_len) {
 /* Fill the batch until it holds max_rows records or max_bytes of keys and values, or the range
  * is done. Messages consumed beyond a full batch wait in `messages` for the next call. Runs
  * without the GIL; on failure writes why into `why` and returns -1. */
-static int fill(RangeReader *self, int64_t max_rows, int64_t max_bytes, char *why, size_t why_len) {
+static int fill_batch(void *reader, int64_t max_rows, int64_t max_bytes, char *why,
+                      size_t why_len) {
+    RangeReader *self = reader;
     Batch *b = &self->batch;
     int64_t seen = self->position;
     double idle_until = monotonic_ms() + self->poll_timeout_ms;
@@ -291,27 +293,11 @@ static int fill(RangeReader *self, int64_t max_rows, int64_t max_bytes, char *wh
 }
 
 static PyObject *RangeReader_read(RangeReader *self, PyObject *args) {
-    long long max_rows, max_bytes;
-    if (!PyArg_ParseTuple(args, "LL", &max_rows, &max_bytes))
-        return NULL;
     if (self->rk == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "RangeReader is closed");
         return NULL;
     }
-    Batch *b = &self->batch;
-    batch_clear(b);
-    char why[512] = "";
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fill(self, max_rows, max_bytes, why, sizeof why);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        PyErr_SetString(ReadError, why);
-        return NULL;
-    }
-    if (b->rows == 0)
-        Py_RETURN_NONE;
-    return batch_tuple(b, self->with_headers);
+    return read_batch(self, &self->batch, self->with_headers, fill_batch, ReadError, args);
 }
 
 static PyObject *RangeReader_close(RangeReader *self, PyObject *Py_UNUSED(ignored)) {
