@@ -25,11 +25,14 @@ micro-batch holds the whole topic (maxOffsetsPerTrigger = --records). Shown besi
 it: the pipeline's fixed cost per query (a run over a 2,000-record topic), and a bare query over
 the same source and function step with one action per batch and none of the pipeline's own
 work (persist, routing job, counts), which bounds what the pipeline could reach.
-Beside P5c: the CPU time of the whole machine and of the broker per record during each source's
-runs, and P5c by CPU time with the broker's share left out (on 2 cores the broker competes with
-Spark). --malloc-kept runs Spark's Python workers with glibc settings that keep freed memory.
-With --json the last line is one JSON object of the figures. --only p5 (or p6) measures only
-those figures (the others are left out, null in the JSON), to save time while working on one.
+Before the P5 runs and before every pipeline run the bench waits for the broker to go idle:
+noida-db rewrites all it holds after any write (a fill, a committed offset, a produced record),
+which must not fall on the next run. Beside P5c: the CPU time of the whole machine and of the
+broker per record during each source's runs, and P5c by CPU time with the broker's share left out
+(on 2 cores the broker competes with Spark). --malloc-kept runs Spark's Python workers with glibc
+settings that keep freed memory. With --json the last line is one JSON object of the figures.
+--only p5 (or p6) measures only those figures (the others are left out, null in the JSON), to save
+time while working on one.
 """
 
 from __future__ import annotations
@@ -211,9 +214,11 @@ class CpuMeter:
 
 
 def settle(meter: CpuMeter, idle_share: float = 0.05, limit_s: float = 120.0) -> float:
-    """Wait until the broker is idle: noida-db writes a large fill out in the background for
-    seconds after acknowledging it (a full core for about 5 s after 1M records), which would be
-    charged to whichever runs come first. Returns the seconds waited."""
+    """Wait until the broker is idle. After any write - a fill, one committed offset, one
+    produced record - noida-db rewrites everything it holds, at most once a second: about 2 s of
+    a core and 440 MB written per million records held, more as the run's topics accumulate. A
+    timed run must not be charged with the rewrite the previous one set off. Returns the seconds
+    waited (none for a broker not started here)."""
     started = time.monotonic()
     _, last = meter.read()
     while last is not None and time.monotonic() - started < limit_s:
@@ -253,6 +258,7 @@ class PipelineRun:
     first_batch_records: int
     batches: int
     routed: int
+    broker_cpu_s: float | None  # the broker's CPU time during the run
 
     @property
     def rate(self) -> float:
@@ -263,8 +269,9 @@ class Bench:
     """One SparkSession and one filled topic; each run reads the topic in a new group."""
 
     def __init__(self, spark: Any, bootstrap: str, topic: str, records: int, workdir: Path,
-                 max_offsets: int) -> None:
+                 max_offsets: int, meter: CpuMeter) -> None:
         self.spark = spark
+        self.meter = meter
         self.bootstrap = bootstrap
         self.connection = {"bootstrap.servers": bootstrap, **CONSUMER_OVERRIDES}
         self.topic = topic
@@ -293,9 +300,12 @@ class Bench:
             marks.append((time.perf_counter(), stats.records))
 
         pipeline = self.pipeline(fail_per_10k, noop_sink, on_batch, topic)
+        settle(self.meter)
+        _, broker_before = self.meter.read()
         started = time.perf_counter()
         stats = pipeline.run(until=lambda s: s.records >= records,
                              timeout_s=300 + records / 1_000, poll_s=0.05)
+        _, broker_after = self.meter.read()
         done = [at for at, seen in marks if seen >= records]
         if not done:
             raise SystemExit(f"pipeline {pipeline.group} handled {stats.records} of {records} "
@@ -304,8 +314,11 @@ class Bench:
                 or stats.early or stats.dead_lettered:
             raise SystemExit(f"pipeline {pipeline.group}: unexpected outcome {stats}")
         first_at, first_seen = marks[0]
+        broker_cpu = None if broker_before is None or broker_after is None \
+            else broker_after - broker_before
         return PipelineRun(records, done[0] - started, first_at - started, first_seen,
-                           len([at for at in marks if at[0] <= done[0]]), stats.retried)
+                           len([at for at in marks if at[0] <= done[0]]), stats.retried,
+                           broker_cpu)
 
     def run_bare(self) -> float:
         """Records/s of source -> function step -> one count per batch, nothing else."""
@@ -314,6 +327,7 @@ class Bench:
         seen = [0]
         finished = threading.Event()
         ended: list[float] = []
+        settle(self.meter)
 
         def batch(frame: Any, batch_id: int) -> None:
             seen[0] += int(pipeline.processed(frame).count())
@@ -401,8 +415,8 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
             return int(spark.read.format("redrive-bench-memory").option("rows", rows)
                        .option("prebuilt", str(prebuilt).lower()).load().count())
 
-        bench = Bench(spark, bootstrap, topic, records, workdir, max_offsets)
         meter = CpuMeter(broker_pid)
+        bench = Bench(spark, bootstrap, topic, records, workdir, max_offsets, meter)
         say(f"the broker was idle after {settle(meter):.0f} s; warming up ...")
         # Every source of P5 gets the same warm-up: one full count, so that the JVM has compiled
         # the paths the timed runs take (with a small one, rates still rose run after run).
@@ -416,6 +430,7 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
         sources: list[Count] = []
         memories: list[Count] = []
         ceilings: list[Count] = []
+        settle(meter)  # counts write nothing: once is enough
         for run in range(runs if p5 else 0):
             say(f"P5/P5c run {run + 1}/{runs} ...")
             sources.append(timed_count(partial(redrive_count, topic), records, meter))
@@ -424,9 +439,7 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
         plain: list[PipelineRun] = []
         routed: list[PipelineRun] = []
         if p6:
-            fixed = median([bench.run_pipeline(0, topic=small_topic,
-                                               records=FIXED_COST_RECORDS).wall_s
-                            for _ in range(2)])
+            fixed = bench.run_pipeline(0, topic=small_topic, records=FIXED_COST_RECORDS).wall_s
             for run in range(runs):
                 # Alternate which goes first, so drift during the runs does not favour either.
                 for fail in (0, fail_per_10k) if run % 2 == 0 else (fail_per_10k, 0):
@@ -486,6 +499,11 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
             "bare_query_records_per_s": bare,
             "routed_records": routed[0].routed,
             "p6_runs": [round(r.rate / p.rate, 3) for r, p in zip(routed, plain, strict=True)],
+            "pipeline_broker_cpu_s_runs": {
+                "no routing": [None if r.broker_cpu_s is None else round(r.broker_cpu_s, 1)
+                               for r in plain],
+                "routing": [None if r.broker_cpu_s is None else round(r.broker_cpu_s, 1)
+                            for r in routed]},
             "pipeline_plain_wall_s_runs": [round(r.wall_s, 1) for r in plain],
             "pipeline_routed_wall_s_runs": [round(r.wall_s, 1) for r in routed],
         })
@@ -557,6 +575,9 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
         lines.append("pipeline wall s per run: no routing "
                      f"{figures['pipeline_plain_wall_s_runs']}, "
                      f"routing {figures['pipeline_routed_wall_s_runs']}")
+        cpu = figures["pipeline_broker_cpu_s_runs"]
+        lines.append(f"broker CPU s per pipeline run: no routing {cpu['no routing']}, "
+                     f"routing {cpu['routing']}")
     return "\n".join(lines)
 
 
