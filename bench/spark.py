@@ -266,7 +266,8 @@ class PipelineRun:
 
 
 class Bench:
-    """One SparkSession and one filled topic; each run reads the topic in a new group."""
+    """One SparkSession and one filled topic; each run reads the topic in a new group, whose
+    retry and dead-letter topics are deleted after it."""
 
     def __init__(self, spark: Any, bootstrap: str, topic: str, records: int, workdir: Path,
                  max_offsets: int, meter: CpuMeter) -> None:
@@ -316,9 +317,18 @@ class Bench:
         first_at, first_seen = marks[0]
         broker_cpu = None if broker_before is None or broker_after is None \
             else broker_after - broker_before
+        self.drop_topics(pipeline)
         return PipelineRun(records, done[0] - started, first_at - started, first_seen,
                            len([at for at in marks if at[0] <= done[0]]), stats.retried,
                            broker_cpu)
+
+    def drop_topics(self, pipeline: RetryPipeline) -> None:
+        """Delete a finished run's retry and dead-letter topics: noida-db's rewrites after each
+        write cost in proportion to all it holds, so each run's copies would tax the next runs."""
+        made = [name for plan in pipeline.plans.values() for name in plan.created_topics]
+        admin = kafka.admin(self.bootstrap)
+        for future in admin.delete_topics(made, operation_timeout=30).values():
+            future.result(60)
 
     def run_bare(self) -> float:
         """Records/s of source -> function step -> one count per batch, nothing else."""
