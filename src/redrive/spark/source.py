@@ -694,8 +694,9 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBa
 
     The loop ends when the position reaches `end`, not when offset end-1 was seen: under
     read_committed the last offsets of a range may be transaction markers or aborted records,
-    which are never delivered. The C reader (redrive._rangeread) follows the same rules as the
-    confluent-kafka loop below, without a Python object per record.
+    which are never delivered. Both C readers follow the same rules as the confluent-kafka loop
+    below, without a Python object per record: redrive._fetchread (Kafka's fetch protocol, for
+    what it handles) and redrive._rangeread (librdkafka, for the rest).
     """
     schema = to_arrow_schema(kafka_schema(options.include_headers), timezone="UTC")
     if options.fetch:
