@@ -20,6 +20,7 @@
 #include "_arrowbatch.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -117,7 +118,7 @@ typedef struct {
     PyObject_HEAD
     char *bootstrap, *topic, *client_id;
     int32_t partition;
-    int64_t start, end, position;
+    int64_t end, position;
     int with_headers, read_committed, poll_timeout_ms;
     int fd;
     int32_t correlation;
@@ -152,9 +153,15 @@ static double monotonic_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static void stop_with(FetchReader *self, const char *fmt, const char *detail) {
-    if (!self->handoff[0])
-        snprintf(self->handoff, sizeof self->handoff, fmt, detail);
+/* Records why the rest of the range is for another reader; the first reason stands. */
+__attribute__((format(printf, 2, 3))) static void stop_with(FetchReader *self, const char *fmt,
+                                                           ...) {
+    if (self->handoff[0])
+        return;
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(self->handoff, sizeof self->handoff, fmt, args);
+    va_end(args);
 }
 
 static void disconnect(FetchReader *self) {
@@ -261,7 +268,7 @@ static int need(FetchReader *self, size_t n) {
             cap *= 2;
         unsigned char *grown = realloc(self->in, cap);
         if (grown == NULL) {
-            stop_with(self, "%s", "out of memory for a record batch");
+            stop_with(self, "out of memory for a record batch");
             return -1;
         }
         self->in = grown;
@@ -290,7 +297,7 @@ static int need(FetchReader *self, size_t n) {
 /* Takes `n` waiting bytes of the current answer; the pointer is valid until the next need(). */
 static const unsigned char *take(FetchReader *self, size_t n) {
     if (self->answer_left < (int64_t)n) {
-        stop_with(self, "%s", "an answer shorter than its fields");
+        stop_with(self, "an answer shorter than its fields");
         return NULL;
     }
     if (need(self, n) < 0)
@@ -304,9 +311,8 @@ static const unsigned char *take(FetchReader *self, size_t n) {
 /* Skips `n` bytes of the current answer without keeping them. */
 static int skip(FetchReader *self, int64_t n) {
     while (n > 0) {
-        size_t chunk = (size_t)(n < (int64_t)self->in_cap ? n : (int64_t)self->in_cap);
-        if (chunk == 0)
-            chunk = (size_t)n < INITIAL_INPUT ? (size_t)n : INITIAL_INPUT;
+        size_t room = self->in_cap ? self->in_cap : INITIAL_INPUT;
+        size_t chunk = n < (int64_t)room ? (size_t)n : room;
         if (take(self, chunk) == NULL)
             return -1;
         n -= (int64_t)chunk;
@@ -351,7 +357,7 @@ static int ask(FetchReader *self, int16_t api, int16_t version, const Buf *body)
              put_string(&out, self->client_id) < 0 || buf_put(&out, body->data, body->len) < 0;
     if (rc) {
         free(out.data);
-        stop_with(self, "%s", "out of memory for a request");
+        stop_with(self, "out of memory for a request");
         return -1;
     }
     int64_t size = (int64_t)out.len - 4;
@@ -367,11 +373,11 @@ static int ask(FetchReader *self, int16_t api, int16_t version, const Buf *body)
         return -1;
     self->answer_left = be(p, 4);
     if (self->answer_left < 4 || (p = take(self, 4)) == NULL) {
-        stop_with(self, "%s", "an answer too short for its header");
+        stop_with(self, "an answer too short for its header");
         return -1;
     }
     if ((int32_t)be(p, 4) != correlation) {
-        stop_with(self, "%s", "an answer to another request");
+        stop_with(self, "an answer to another request");
         return -1;
     }
     return 0;
@@ -389,7 +395,7 @@ static int connect_leader(FetchReader *self) {
              put_int(&body, 0, 1) < 0;  /* allow_auto_topic_creation: no */
     if (rc || ask(self, API_METADATA, METADATA_VERSION, &body) < 0) {
         free(body.data);
-        stop_with(self, "%s", "the metadata request failed");
+        stop_with(self, "the metadata request failed");
         return -1;
     }
     free(body.data);
@@ -427,9 +433,7 @@ static int connect_leader(FetchReader *self) {
         int ours = name != NULL && (size_t)name_len == strlen(self->topic) &&
                    memcmp(name, self->topic, (size_t)name_len) == 0;
         if (ours && topic_error != 0) {
-            char code[16];
-            snprintf(code, sizeof code, "%d", (int)topic_error);
-            stop_with(self, "metadata error %s for the topic", code);
+            stop_with(self, "metadata error %d for the topic", (int)topic_error);
             return -1;
         }
         for (int64_t i = 0; i < parts && !c.bad; i++) {
@@ -442,7 +446,7 @@ static int connect_leader(FetchReader *self) {
         }
     }
     if (c.bad) {
-        stop_with(self, "%s", "a malformed metadata answer");
+        stop_with(self, "a malformed metadata answer");
         return -1;
     }
     for (int64_t i = 0; i < known; i++) {
@@ -463,7 +467,7 @@ static int connect_leader(FetchReader *self) {
         }
         return 0;
     }
-    stop_with(self, "%s", "no leader known for the partition");
+    stop_with(self, "no leader known for the partition");
     return -1;
 }
 
@@ -486,7 +490,7 @@ static int fetch(FetchReader *self) {
              put_int(&body, self->fetch_bytes, 4) < 0;
     if (rc || ask(self, API_FETCH, FETCH_VERSION, &body) < 0) {
         free(body.data);
-        stop_with(self, "%s", "the fetch request failed");
+        stop_with(self, "the fetch request failed");
         return -1;
     }
     free(body.data);
@@ -506,13 +510,11 @@ static int fetch(FetchReader *self) {
     int64_t aborted = cur_int(&c, 4);
     if (c.bad || topics != 1 || parts != 1 || index != self->partition || name == NULL ||
         (size_t)name_len != topic_len || memcmp(name, self->topic, topic_len) != 0) {
-        stop_with(self, "%s", "a fetch answer for another partition");
+        stop_with(self, "a fetch answer for another partition");
         return -1;
     }
     if (error != 0) {
-        char code[16];
-        snprintf(code, sizeof code, "%d", (int)error);
-        stop_with(self, "the broker answered the fetch with error %s", code);
+        stop_with(self, "the broker answered the fetch with error %d", (int)error);
         return -1;
     }
     self->aborted_count = self->aborted_next = self->open_count = 0;
@@ -525,7 +527,7 @@ static int fetch(FetchReader *self) {
             if (grown != NULL)
                 self->aborted = grown;
             if (grown == NULL || open == NULL) {
-                stop_with(self, "%s", "out of memory for aborted transactions");
+                stop_with(self, "out of memory for aborted transactions");
                 return -1;
             }
             self->aborted_cap = (size_t)aborted;
@@ -582,7 +584,7 @@ static int open_batch(FetchReader *self) {
         return skip(self, rest);
     }
     if (self->answer_left < size) {
-        stop_with(self, "%s", "an answer shorter than its records");
+        stop_with(self, "an answer shorter than its records");
         return -1;
     }
     if (need(self, (size_t)size) < 0)
@@ -593,9 +595,7 @@ static int open_batch(FetchReader *self) {
     int64_t base = be(p, 8);
     int64_t last = base + (int32_t)be(p + 23, 4);
     if (magic != 2) {
-        char text[16];
-        snprintf(text, sizeof text, "%d", magic);
-        stop_with(self, "a record batch of message format v%s", text);
+        stop_with(self, "a record batch of message format v%d", magic);
         return -1;
     }
     /* Taken whole from the answer now; its bytes stay in `in` until the next need(). */
@@ -617,7 +617,8 @@ static int open_batch(FetchReader *self) {
         cur_varint(&c);
         int64_t key_len = cur_varint(&c);
         if (!c.bad && key_len >= 4 && cur_has(&c, 4) && be(c.p + 2, 2) == 0) {
-            for (size_t i = 0; i < self->open_count; i++)
+            /* Backwards, so that the entry swapped into a freed slot was already looked at. */
+            for (size_t i = self->open_count; i-- > 0;)
                 if (self->open_aborts[i] == producer)
                     self->open_aborts[i] = self->open_aborts[--self->open_count];
         }
@@ -631,10 +632,8 @@ static int open_batch(FetchReader *self) {
         return 0;
     }
     if (attributes & 0x07) {
-        char codec[16];
-        snprintf(codec, sizeof codec, "%d", attributes & 0x07);
         /* Given back: the next reader starts at this batch. */
-        stop_with(self, "a compressed record batch (codec %s)", codec);
+        stop_with(self, "a compressed record batch (codec %d)", attributes & 0x07);
         return -1;
     }
     self->in_batch = 1;
@@ -660,7 +659,7 @@ static int take_record(FetchReader *self) {
     self->batch_left--;
     int64_t length = cur_varint(c);
     if (c->bad || length < 0 || length > c->end - c->p) {
-        stop_with(self, "%s", "a malformed record");
+        stop_with(self, "a malformed record");
         return -1;
     }
     Cur r = {c->p, c->p + length, 0};
@@ -676,7 +675,7 @@ static int take_record(FetchReader *self) {
     cur_skip(&r, value_len > 0 ? value_len : 0);
     int64_t header_count = cur_varint(&r);
     if (r.bad || header_count < 0) {
-        stop_with(self, "%s", "a malformed record");
+        stop_with(self, "a malformed record");
         return -1;
     }
     if (offset < self->position)
@@ -703,7 +702,7 @@ static int take_record(FetchReader *self) {
             const unsigned char *hv = r.p;
             cur_skip(&r, hv_len > 0 ? hv_len : 0);
             if (r.bad) {
-                stop_with(self, "%s", "a malformed record header");
+                stop_with(self, "a malformed record header");
                 return -1;
             }
             if (batch_header_put(b, (const char *)name, (size_t)name_len, hv,
@@ -717,7 +716,7 @@ static int take_record(FetchReader *self) {
     self->position = offset + 1;
     return 0;
 no_memory:
-    stop_with(self, "%s", "out of memory, or a batch over 2 GiB");
+    stop_with(self, "out of memory, or a batch over 2 GiB");
     return -1;
 }
 
@@ -821,7 +820,7 @@ static int FetchReader_init(FetchReader *self, PyObject *args, PyObject *kwargs)
         return -1;
     self->fd = -1;
     self->partition = partition;
-    self->start = self->position = start;
+    self->position = start;
     self->end = end;
     self->with_headers = with_headers;
     self->read_committed = read_committed;

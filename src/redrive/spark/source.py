@@ -19,6 +19,7 @@ and records already found due are never scanned twice. Topics outside the gate a
 from __future__ import annotations
 
 import bisect
+import importlib
 import json
 import logging
 import re
@@ -673,17 +674,18 @@ def _fetch_unsupported(overrides: Mapping[str, str]) -> str | None:
 
 def fetch_reader_built() -> bool:
     """Whether redrive._fetchread, the fetch-protocol reader, was built and loads."""
-    try:
-        import redrive._fetchread  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _loads("redrive._fetchread")
 
 
 def native_reader_built() -> bool:
-    """Whether redrive._rangeread, the C range reader, was built and loads."""
+    """Whether redrive._rangeread, the C range reader over librdkafka, was built and loads."""
+    return _loads("redrive._rangeread")
+
+
+def _loads(extension: str) -> bool:
+    """Whether an optional C extension of redrive was built and loads."""
     try:
-        import redrive._rangeread  # noqa: F401
+        importlib.import_module(extension)
     except ImportError:
         return False
     return True

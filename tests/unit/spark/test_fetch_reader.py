@@ -145,6 +145,20 @@ def test_aborted_transactions_and_markers(peer: Callable[..., Peer]) -> None:
         [b"plain", b"aborted1", b"aborted2", b"committed", b"later"]
 
 
+def test_an_abort_marker_closes_its_producer_however_often_the_answer_names_it(
+        peer: Callable[..., Peer]) -> None:
+    # As in Kafka's consumer, the aborted producers are a set: the marker ends producer 5's
+    # aborted transaction even when the answer lists it twice, and its next one is read.
+    data = (batch(0, [record(0, b"aborted0"), record(1, b"aborted1")],
+                  attributes=TRANSACTIONAL, producer_id=5)
+            + batch(2, [record(0, b"", b"\0\0\0\0")], attributes=TRANSACTIONAL | MARKER,
+                    producer_id=5)
+            + batch(3, [record(0, b"committed")], attributes=TRANSACTIONAL, producer_id=5))
+    fetch_reader = reader(peer(answers(Answer(data, aborted=[(5, 0), (5, 1)]))), 0, 4)
+    assert values(table(fetch_reader)) == [b"committed"]
+    assert fetch_reader.position == 4
+
+
 @pytest.mark.parametrize(("given", "why"), [
     (Answer(batch(0, [record(0, b"a")]) + batch(1, [record(0, b"b")], magic=1)),
      "a record batch of message format v1"),
