@@ -161,3 +161,38 @@ def test_no_reference_is_kept_or_lost(run: HandlePlain) -> None:
         run(messages, 0, "orders", 0, lambda record: None, 100, 100, [], bytearray(1))
     gc.collect()
     assert (sys.getrefcount(value), sys.getrefcount(key), sys.getrefcount(NO_HISTORY)) == counts
+
+
+def test_records_the_handler_keeps_are_never_refilled(run: HandlePlain) -> None:
+    kept: list[Record] = []
+    headers_kept: list[list[tuple[str, bytes]]] = []
+
+    def handler(record: Record) -> None:
+        if record.offset % 3 == 0:
+            kept.append(record)
+        elif record.offset % 3 == 1:
+            headers_kept.append(record.headers)  # the list, not the record
+        else:
+            record.headers.append(("added", b"by the handler"))  # then the record is dropped
+
+    messages = [message(offset) for offset in range(12)]
+    assert run(messages, 0, "orders", 0, handler, 100, 100, [], bytearray(1))[:3] == (12, 12, 11)
+    assert [(r.offset, r.key, r.value, r.timestamp_ms, r.headers) for r in kept] == [
+        (offset, f"k{offset}".encode(), f"v{offset}".encode(), 1_700_000_000_000 + offset, [])
+        for offset in (0, 3, 6, 9)]
+    assert headers_kept == [[]] * 4
+    assert len({id(headers) for headers in headers_kept}) == 4  # none handed out again
+
+
+def test_a_record_nobody_kept_is_refilled_for_the_next_message() -> None:
+    seen: list[tuple[int, int, int, bytes | None, list[tuple[str, bytes]]]] = []
+
+    def handler(record: Record) -> None:
+        seen.append((id(record), id(record.headers), record.offset, record.value,
+                     list(record.headers)))
+
+    messages = [message(offset) for offset in range(5)]
+    _plainrun.handle_plain(messages, 0, "orders", 0, handler, 100, 100, [], bytearray(1))
+    assert len({(record, headers) for record, headers, *_ in seen}) == 1
+    assert [rest for _, _, *rest in seen] == [
+        [offset, f"v{offset}".encode(), []] for offset in range(5)]
