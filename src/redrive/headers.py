@@ -113,11 +113,18 @@ def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
     if not found:
         return NO_HISTORY
     get = found.get
-    attempt, due, partition, offset, timestamp, first_failure = [
-        _whole_number(name, get(name)) for name in _INTEGER_HEADERS]
+    numbers: list[int | None] = []
+    for name in _INTEGER_HEADERS:
+        raw = get(name)
+        # The form redrive writes, parsed inline; anything else goes through the checks.
+        numbers.append(int(raw) if raw is not None and raw.isdigit() and len(raw) <= _MAX_DIGITS
+                       else _whole_number(name, raw))
+    attempt, due, partition, offset, timestamp, first_failure = numbers
     topic = _utf8(ORIGINAL_TOPIC, get(ORIGINAL_TOPIC))
     original: Origin | None = None
-    if topic is not None or partition is not None or offset is not None:
+    if topic and partition is not None and offset is not None:
+        original = Origin(topic, partition, offset, timestamp)
+    elif topic is not None or partition is not None or offset is not None:
         original = _origin_of(topic, partition, offset, timestamp)
     group = _utf8(GROUP, get(GROUP))
     if group == "":
@@ -167,7 +174,7 @@ def replace(headers: Sequence[tuple[str, bytes]],
     kept: Headers = [(name, value) for name, value in headers if name not in updates]
     for name, value in updates.items():
         if value is not None:
-            kept.append((name, str(value).encode("utf-8")))
+            kept.append((name, (value if type(value) is str else str(value)).encode()))
     return kept
 
 
