@@ -87,22 +87,29 @@ def work(value: bytes | None) -> int:
 
 def make_work(handler_us: float) -> Work:
     """The working handler's work on a record, the same in every loop: `work`, and handler_us of
-    CPU time besides (what parsing or enriching a record would cost).
+    computation besides (what parsing or enriching a record would cost).
 
-    Counted on the thread's CPU clock, not the wall clock: when the machine is busy, real work
-    takes longer, as redrive's own does; a wall-clock wait would not, and would leave a loop's
-    rate to the share of the CPU it happened to get.
+    The computation is a sum over a range sized here to take handler_us at the machine's best
+    speed. Real work, like redrive's own, takes longer when the machine is busy; a wait on a
+    clock would not (a wall-clock wait shrinks the handler's share under load, and polling the
+    thread's CPU clock makes a system call every microsecond, which slows whatever runs next).
     """
-    busy_s = handler_us / 1e6
-    cpu_clock = time.thread_time
+    count = 1_000
+    for _ in range(3):  # a sum's cost per number depends a little on its length: converge
+        best_s = min(_timed_sum(count) for _ in range(200))
+        count = max(1, round(count * handler_us / 1e6 / best_s))
 
     def busy_work(value: bytes | None) -> int:
-        end = cpu_clock() + busy_s
-        while cpu_clock() < end:
-            pass
+        sum(range(count))
         return len(value or b"")
 
     return busy_work
+
+
+def _timed_sum(count: int) -> float:
+    started = time.perf_counter()
+    sum(range(count))
+    return time.perf_counter() - started
 
 
 def fill(bootstrap: str, records: int) -> str:
