@@ -224,7 +224,8 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
         time.sleep(0.005)
     consumer.stop()
     thread.join(60)
-    drop_topics(bootstrap, consumer)
+    delete_topics(bootstrap, [name for plan in consumer.plans.values()
+                              for name in plan.created_topics])
     if not finished:
         raise RuntimeError(f"run did not finish: {clock.main_done}/{records} main records, "
                            f"{len(lateness)}/{expected_retries} retries")
@@ -232,13 +233,13 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
                       sum(1 for late in lateness if late < 0))
 
 
-def drop_topics(bootstrap: str, consumer: RetryingConsumer) -> None:
-    """Delete a finished run's retry and dead-letter topics (each run's group has its own):
-    noida-db rewrites all it holds after every write, so copies kept from earlier runs would
-    slow the later ones more and more."""
-    made = [name for plan in consumer.plans.values() for name in plan.created_topics]
+def delete_topics(bootstrap: str, names: list[str]) -> None:
+    """Delete what a finished run or profile made: noida-db rewrites all it holds after every
+    write (a committed offset included), at a cost in proportion to it, so that whatever the
+    bench kept would slow every later run. Each RetryingConsumer run's group has retry and
+    dead-letter topics of its own."""
     admin = kafka.admin(bootstrap)  # held until the results are in: dropping it cancels them
-    for future in admin.delete_topics(made, operation_timeout=30).values():
+    for future in admin.delete_topics(names, operation_timeout=30).values():
         future.result(60)
 
 
@@ -379,14 +380,17 @@ def main() -> int:
     broker = None if args.bootstrap else DevBroker("noida-db").start(timeout_s=60)
     bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
     try:
+        # One profile after the other, each topic deleted once done with (see delete_topics).
         for profile in (trivial, working):
             profile.fill(bootstrap)
-        for round_ in range(runs):
-            # Every other round starts with redrive, so that neither loop always runs first.
-            for profile in (trivial, working):
+            for round_ in range(runs):
+                # Every other round starts with redrive, so that neither loop always runs first.
                 profile.round(bootstrap, args.fail_rate, redrive_first=bool(round_ % 2))
+            if profile is trivial:
+                delete_topics(bootstrap, [profile.topic])
         blocking = [raw_run(bootstrap, working.topic, blocking_records, working.work,
                             args.fail_rate) for _ in range(blocking_runs)]
+        delete_topics(bootstrap, [working.topic])
         paced = paced_run(bootstrap, PACED_RATE, 4.0 if args.quick else 10.0, working.work,
                           args.fail_rate)
     finally:
