@@ -7,7 +7,8 @@ each round running each loop once (P1's loops twice), reading the same topic fro
 fresh group; a ratio is the median of the rounds' ratios, so that a loop is compared with the one
 run beside it rather than with runs the machine's other load made faster or slower. Throughput is
 counted from the first record handled to the last main-topic record handled, so group joins are
-left out. Each RetryingConsumer run's retry and dead-letter topics are deleted after it.
+left out. The two handlers' profiles run one after the other; each RetryingConsumer run's retry
+and dead-letter topics, and each profile's topic once done with, are deleted (see delete_topics).
 
 Every loop runs with two handlers: a trivial one, which leaves redrive's own costs in plain view,
 and one that spends --handler-us of CPU per call besides (default 20 us, about what decoding and
