@@ -239,9 +239,7 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
     write (a committed offset included), at a cost in proportion to it, so that whatever the
     bench kept would slow every later run. Each RetryingConsumer run's group has retry and
     dead-letter topics of its own."""
-    admin = kafka.admin(bootstrap)  # held until the results are in: dropping it cancels them
-    for future in admin.delete_topics(names, operation_timeout=30).values():
-        future.result(60)
+    kafka.delete_topics(kafka.admin(bootstrap), names)
 
 
 def paced_run(bootstrap: str, rate: int, seconds: float, work: Work,

@@ -238,6 +238,17 @@ def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
     return created
 
 
+def delete_topics(admin_: AdminClient, topics: Sequence[str], *,
+                  timeout_s: float = 30.0) -> None:
+    """Delete topics and wait until the broker has; raises KafkaException naming a failure."""
+    if not topics:
+        return
+    futures = admin_.delete_topics(list(topics), operation_timeout=timeout_s,
+                                   request_timeout=timeout_s)
+    for future in futures.values():
+        future.result(timeout=timeout_s)
+
+
 def watermarks(consumer_: Consumer, topic: str, partition: int,
                timeout_s: float = 10.0) -> tuple[int, int]:
     low, high = consumer_.get_watermark_offsets(TopicPartition(topic, partition),

@@ -136,6 +136,18 @@ def test_create_topics_creates_requested_partition_counts_and_is_idempotent(
     assert {name: counts.get(name) for name in [*wanted, extra]} == {**wanted, extra: 2}
 
 
+def test_delete_topics_waits_until_they_are_gone(bootstrap: str,
+                                                 unique_name: Callable[..., str]) -> None:
+    admin = kafka.admin(bootstrap)
+    doomed, kept = [unique_name(), unique_name()], unique_name()
+    kafka.create_topics(admin, {**dict.fromkeys(doomed, 2), kept: 1})
+
+    kafka.delete_topics(admin, doomed)
+    counts = kafka.topic_partitions(admin)
+    assert [name in counts for name in [*doomed, kept]] == [False, False, True]
+    kafka.delete_topics(admin, [])  # nothing to do is no request
+
+
 def test_partition_count_of_a_missing_topic_names_it(bootstrap: str,
                                                      unique_name: Callable[..., str]) -> None:
     missing = unique_name("never-created")
