@@ -299,7 +299,6 @@ class Profile:
     raw: list[float] = field(default_factory=list)
     clean: list[float] = field(default_factory=list)
     failing: list[RedriveRun] = field(default_factory=list)
-    clean_before_failing: list[float] = field(default_factory=list)
 
     def fill(self, bootstrap: str) -> None:
         self.topic = fill(bootstrap, self.records)
@@ -321,7 +320,6 @@ class Profile:
             first_redrive = redrive_first != bool(pair % 2)
             for run in (clean, raw) if first_redrive else (raw, clean):
                 run()
-        self.clean_before_failing.append(self.clean[-1])
         self.failing.append(
             redrive_run(bootstrap, self.topic, self.records, self.work, fail_rate))
 
@@ -329,6 +327,11 @@ class Profile:
     def p1_rounds(self) -> list[float]:
         """One ratio per pair of runs."""
         return [c / r for c, r in zip(self.clean, self.raw, strict=True)]
+
+    @property
+    def clean_before_failing(self) -> list[float]:
+        """Each round's last run without failures, the one beside its run with them."""
+        return self.clean[self.pairs - 1::self.pairs]
 
     @property
     def p2_rounds(self) -> list[float]:
