@@ -113,18 +113,11 @@ def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
     if not found:
         return NO_HISTORY
     get = found.get
-    numbers: list[int | None] = []
-    for name in _INTEGER_HEADERS:
-        raw = get(name)
-        # The form redrive writes, parsed inline; anything else goes through the checks.
-        numbers.append(int(raw) if raw is not None and raw.isdigit() and len(raw) <= _MAX_DIGITS
-                       else _whole_number(name, raw))
-    attempt, due, partition, offset, timestamp, first_failure = numbers
+    attempt, due, partition, offset, timestamp, first_failure = [
+        _whole_number(name, get(name)) for name in _INTEGER_HEADERS]
     topic = _utf8(ORIGINAL_TOPIC, get(ORIGINAL_TOPIC))
     original: Origin | None = None
-    if topic and partition is not None and offset is not None:
-        original = Origin(topic, partition, offset, timestamp)
-    elif topic is not None or partition is not None or offset is not None:
+    if topic is not None or partition is not None or offset is not None:
         original = _origin_of(topic, partition, offset, timestamp)
     group = _utf8(GROUP, get(GROUP))
     if group == "":
@@ -137,6 +130,8 @@ def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
 
 def _origin_of(topic: str | None, partition: int | None, offset: int | None,
                timestamp: int | None) -> Origin:
+    if topic and partition is not None and offset is not None:
+        return Origin(topic, partition, offset, timestamp)
     parts = {ORIGINAL_TOPIC: topic, ORIGINAL_PARTITION: partition, ORIGINAL_OFFSET: offset}
     missing = [name for name, value in parts.items() if value is None]
     if missing:
