@@ -7,17 +7,96 @@ own by default so that several runtimes in one process (tests, notebooks) never 
 
 from __future__ import annotations
 
+import math
+import time
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import accumulate
+from threading import Lock
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import HistogramMetricFamily, Sample
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 # The `why` label of records skipped because another group failed them, in every runtime.
 SKIPPED_OTHER_GROUP = "other-group"
 
 _LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _HANDLER_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30)
+
+# prometheus_client keeps its switch for `_created` samples (PROMETHEUS_DISABLE_CREATED_SERIES,
+# disable_created_metrics()) private: one of its own metrics tells whether it is on.
+_CREATED_PROBE = Counter("redrive_created_probe", "", registry=None)
+
+
+def _created_samples_on() -> bool:
+    return any(sample.name.endswith("_created")
+               for family in _CREATED_PROBE.collect() for sample in family.samples)
+
+
+class _Histogram(Collector):
+    """A histogram exposed as prometheus_client's Histogram would expose it, kept by hand because
+    prometheus_client has no bulk update: `observe_all` counts a batch under one lock.
+
+    A Metrics has one runtime and group, hence one label set per histogram. Like a Histogram
+    child, the series appears, with its `_created` time, at the first observation. Values are
+    never NaN (which Histogram would leave out of every bucket).
+    """
+
+    def __init__(self, name: str, documentation: str, labels: dict[str, str],
+                 buckets: Sequence[float], registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = labels
+        self._bounds = (*map(float, buckets), math.inf)
+        # Histogram's own `le` formatting, unannotated in prometheus_client.
+        self._les = [floatToGoString(b) for b in self._bounds]  # type: ignore[no-untyped-call]
+        self._lock = Lock()  # observed on a runtime's thread, collected on the HTTP server's
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._created: float | None = None
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        # The first bucket whose bound is >= value, as Histogram.observe picks it.
+        index = bisect_left(self._bounds, value)
+        with self._lock:
+            self._counts[index] += 1
+            self._sum += value
+            if self._created is None:
+                self._created = time.time()
+
+    def observe_all(self, values: Sequence[float]) -> None:
+        """observe(value) for each of `values`, leaving the very same counts and sum. At least
+        one value: this starts the series, as an observation does."""
+        bounds, counts = self._bounds, self._counts
+        with self._lock:
+            total = self._sum
+            for value in values:
+                counts[bisect_left(bounds, value)] += 1
+                total += value
+            self._sum = total
+            if self._created is None:
+                self._created = time.time()
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        # Reserves the histogram's sample names in the registry, as a Histogram does.
+        yield HistogramMetricFamily(self._name, self._documentation, labels=list(self._labels))
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=list(self._labels))
+        with self._lock:
+            counts, total, created = list(self._counts), self._sum, self._created
+        if created is not None:
+            cumulative = map(float, accumulate(counts))  # floats, as Histogram's samples are
+            family.add_metric(list(self._labels.values()),
+                              list(zip(self._les, cumulative, strict=True)), total)
+            # HistogramMetricFamily takes no creation time (CounterMetricFamily does).
+            if _created_samples_on():
+                family.samples.append(Sample(f"{self._name}_created", dict(self._labels), created))
+        yield family
 
 
 class Metrics:
@@ -43,11 +122,11 @@ class Metrics:
                                  [*base, "topic"], registry=self.registry)
         self._rebalances = Counter("redrive_rebalances", "Partition assignments and revocations",
                                    [*base, "kind"], registry=self.registry)
-        self._lateness = Histogram("redrive_lateness_seconds",
-                                   "How long after its due time a record was processed",
-                                   base, buckets=_LATENESS_BUCKETS, registry=self.registry)
-        self._handler = Histogram("redrive_handler_seconds", "Time spent in the user's handler",
-                                  base, buckets=_HANDLER_BUCKETS, registry=self.registry)
+        self._lateness = _Histogram("redrive_lateness_seconds",
+                                    "How long after its due time a record was processed",
+                                    self._labels(), _LATENESS_BUCKETS, self.registry)
+        self._handler = _Histogram("redrive_handler_seconds", "Time spent in the user's handler",
+                                   self._labels(), _HANDLER_BUCKETS, self.registry)
         self._paused = Gauge("redrive_paused_partitions", "Partitions paused until a record is due",
                              base, registry=self.registry)
         self._oldest = Gauge("redrive_oldest_pending_retry_seconds",
@@ -92,33 +171,19 @@ class Metrics:
         self._child(self._rebalances, kind).inc()
 
     def late_by(self, seconds: float) -> None:
-        self._child(self._lateness).observe(max(0.0, seconds))
+        self._lateness.observe(max(0.0, seconds))
 
     def handler_took(self, seconds: float) -> None:
-        self._child(self._handler).observe(seconds)
+        self._handler.observe(seconds)
 
     def handler_took_all(self, samples: Sequence[float]) -> None:
-        """handler_took(seconds) for each of `samples` (handler times, never NaN), at once.
+        """handler_took(seconds) for each of `samples` (handler times), at once.
 
-        Histogram.observe takes two locks and about 1 µs per sample: ~60 ns a record for a
-        consumer that times one record in 16. Here the sum and each bucket touched are updated
-        once, which leaves the same bucket counts and sum (up to the order of float additions).
-        prometheus_client has no bulk update, so this uses its histogram child's layout: sorted
-        `_upper_bounds` ending in +Inf, one `_buckets` value per bound, and `_sum`
-        (tests/unit/test_metrics.py checks the result against handler_took).
+        One lock for the batch instead of one per sample: a consumer times a sample of its
+        records and reports a poll batch's worth of them at a time.
         """
-        if not samples:
-            return
-        child = self._child(self._handler)
-        bounds = child._upper_bounds
-        counts: dict[int, int] = {}
-        for seconds in samples:
-            # The first bucket whose bound is >= seconds: the one observe() counts it in.
-            index = bisect_left(bounds, seconds)
-            counts[index] = counts.get(index, 0) + 1
-        child._sum.inc(sum(samples))
-        for index, count in counts.items():
-            child._buckets[index].inc(count)
+        if samples:  # most poll batches: no record in them was timed
+            self._handler.observe_all(samples)
 
     def paused_partitions(self, count: int) -> None:
         self._child(self._paused).set(count)
