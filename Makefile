@@ -10,13 +10,13 @@ LINT_PATHS = $(wildcard src tests bench demo)
 
 .venv: $(VENV_STAMP)
 
-$(VENV_STAMP): pyproject.toml $(wildcard src/redrive/*.c src/redrive/*.h)
+$(VENV_STAMP): pyproject.toml $(wildcard src/redrive/*/*.c src/redrive/*/*.h)
 	@$(MAKE) --no-print-directory librdkafka
 	test -x $(PY) || $(PYTHON) -m venv .venv
 	$(PY) -m pip install -e '.[test]'
 	touch $@
 
-# librdkafka's headers, for the Spark source's C range reader (redrive._rangeread).
+# librdkafka's headers, for the Spark source's C range reader (redrive.spark._rangeread).
 librdkafka:
 	@test -f /usr/include/librdkafka/rdkafka.h || { \
 	  sudo=$$(test "$$(id -u)" -eq 0 || echo sudo); \

@@ -52,7 +52,7 @@ from confluent_kafka import TopicPartition
 from redrive import kafka
 from redrive.consumer import RetryingConsumer
 from redrive.consumer.runtime import CONSUMER_OVERRIDES
-from redrive.devbroker import DevBroker
+from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 

@@ -1,4 +1,4 @@
-"""Benchmark of the delay service (`python -m redrive.delay run`, one process).
+"""Benchmark of the delay service (`python -m redrive delay run`, one process).
 
     python bench/delay.py [--quick] [--bootstrap HOST:PORT] [--json]
 
@@ -39,10 +39,12 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from redrive import kafka
+from redrive.cli.formatting import table
+from redrive.clock import now_ms
 from redrive.delay import Tiers, ensure_topics, schedule
 from redrive.delay.service import CONSUMER_SETTINGS, PRODUCER_SETTINGS
-from redrive.devbroker import DevBroker, free_port
-from redrive.table import render
+from redrive.dev.brokers import DevBroker
+from redrive.dev.ports import free_port
 
 TIERS = ("100ms", "1s", "10s", "1h")
 PARTITIONS = 6
@@ -70,9 +72,6 @@ FULL = Size(forward_records=100_000, lateness_s=30.0, pending_small=10_000,
 def quiet(bootstrap: str) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "logger": QUIET_LOG}
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def payload(index: int) -> bytes:
@@ -102,7 +101,7 @@ class Service:
     def __init__(self, bootstrap: str, tiers: Tiers, *, at_least_once: bool = False,
                  consumer_config: Sequence[str] = ()) -> None:
         self.metrics_port = free_port()
-        command = [sys.executable, "-m", "redrive.delay", "run", "--bootstrap", bootstrap,
+        command = [sys.executable, "-m", "redrive", "delay", "run", "--bootstrap", bootstrap,
                    "--tiers", ",".join(TIERS), "--prefix", tiers.prefix,
                    "--group", f"bench-{uuid.uuid4().hex[:8]}", "--partitions", str(PARTITIONS),
                    "--instance-id", uuid.uuid4().hex[:8],
@@ -412,7 +411,7 @@ def main() -> int:
     print(f"delay service on {brokers[0].kind if brokers else bootstrap} (D3 on "
           f"{memory_broker}), {'quick' if args.quick else 'full'} run, "
           f"{time.strftime('%Y-%m-%d')}, {time.monotonic() - started:.0f} s")
-    print(render(["figure", "redrive", "baseline / goal", "ratio / result"], rows))
+    print(table(["figure", "redrive", "baseline / goal", "ratio / result"], rows))
     if args.json:
         print(json.dumps({
             "forward_ratio": round(tx / raw_tx, 3),

@@ -61,7 +61,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from redrive import kafka
-from redrive.devbroker import DevBroker
+from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, RetryPolicy
 from redrive.spark.outcomes import PipelineStats
 from redrive.spark.pipeline import RetryPipeline

@@ -32,23 +32,22 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from redrive import kafka
+from redrive.backends import RetryBackend, RetryTopics
+from redrive.cli.formatting import table
+from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
-from redrive.devbroker import DevBroker
+from redrive.dev.brokers import DevBroker
+from redrive.dev.postgres import DevPostgres
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
-from redrive.store import RetryBackend, RetryStore, RetryTopics, Scheduler, StoreBackend
-from redrive.store.devpostgres import DevPostgres
-from redrive.store.store import Filter
-from redrive.table import render
+from redrive.store import RetryStore, Scheduler, StoreBackend
+from redrive.store.store import RowFilter
 
 PARTITIONS = 4
 VALUE_BYTES = 100
 BACKOFF = "100ms"
 GROUP_CONFIG = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def fill(bootstrap: str, records: int) -> str:
@@ -125,7 +124,7 @@ def store_run(bootstrap: str, records: int, url: str,
     try:
         scheduler = Scheduler(store, bootstrap)
         run = measure(bootstrap, records, StoreBackend(store), scheduler, timeout_s)
-        rows = store.find(Filter(), limit=None)
+        rows = store.find(RowFilter(), limit=None)
         lateness = [r.dispatched_ms - r.due_ms for r in rows if r.dispatched_ms is not None]
         return run, lateness
     finally:
@@ -179,7 +178,7 @@ def main() -> None:
                      f"{percentile(late, 0.5):.0f}" if late else "",
                      f"{percentile(late, 0.99):.0f}" if late else "", run.early,
                      records - len(run.succeeded)])
-    print(render(["path", "records", "records/s", "ratio to topics", "lateness p50 ms",
+    print(table(["path", "records", "records/s", "ratio to topics", "lateness p50 ms",
                   "lateness p99 ms", "early", "lost"], rows))
     figures = {
         "records": records,

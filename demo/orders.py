@@ -23,7 +23,7 @@ from typing import Any
 
 from redrive import headers as h
 from redrive import kafka
-from redrive.devbroker import DevBroker
+from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, InPlace, RetryPolicy
 from redrive.spark import register
 from redrive.spark.outcomes import PipelineStats

@@ -20,7 +20,7 @@ from typing import Protocol
 import pytest
 
 from redrive import kafka
-from redrive.devbroker import DevBroker
+from redrive.dev.brokers import DevBroker
 
 EXTERNAL_ENV = "REDRIVE_TEST_BOOTSTRAP"
 BROKER_FIXTURES = frozenset({"broker", "bootstrap", "new_topic"})

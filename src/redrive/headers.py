@@ -1,14 +1,14 @@
 """The header contract: redrive's names, how values are written and read, and validation.
 
 Every value is UTF-8 text (integers in decimal, times in epoch milliseconds) so that kcat and
-other plain tools show it as it is. Readers for the dead-letter headers of Spring Kafka,
-Kafka Connect and Kafka Streams let redrive inspect and replay what those systems dead-lettered.
+other plain tools show it as it is. The dead-letter headers of other systems are read in
+`redrive.dead_letter_headers`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 from redrive.errors import MalformedHeader
 from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Origin
@@ -36,10 +36,23 @@ _INTEGER_HEADERS = (ATTEMPT, DUE, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_
                     FIRST_FAILURE)
 
 
-def normalize(headers: Iterable[tuple[str, bytes | str | None]] | None) -> Headers:
-    """Headers as confluent-kafka and Spark hand them over, as a list of (str, bytes)."""
+def normalize(headers: Iterable[tuple[str, Any]] | Mapping[str, Any] | None) -> Headers:
+    """Headers as confluent-kafka and Spark hand them over (None for none; None, str or
+    bytearray values), as a list of (str, bytes)."""
+    if not headers:
+        return []
+    if isinstance(headers, Mapping):
+        headers = list(headers.items())
+    elif type(headers) is list:
+        for _, value in headers:
+            if type(value) is not bytes:
+                break
+        else:
+            # Already (str, bytes) pairs, as a consumed message's headers mostly are: handed on
+            # as they are, without a copy, on the path of every record that has headers.
+            return headers
     out: Headers = []
-    for name, value in headers or ():
+    for name, value in headers:
         if value is None:
             out.append((name, b""))
         elif isinstance(value, str):
@@ -61,7 +74,8 @@ def has_redrive(headers: Sequence[tuple[str, bytes]]) -> bool:
     return any(name.startswith(PREFIX) for name, _ in headers)
 
 
-def _text(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
+def text_of(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
+    """A header's last value as text; raises MalformedHeader if it is not UTF-8."""
     return _utf8(name, last(headers, name))
 
 
@@ -146,7 +160,7 @@ def _origin_of(topic: str | None, partition: int | None, offset: int | None,
 def validate(headers: Sequence[tuple[str, bytes]]) -> None:
     """Raise MalformedHeader if any redrive header present cannot be parsed."""
     read_delivery(headers)
-    reason = _text(headers, REASON)
+    reason = text_of(headers, REASON)
     if reason is not None and reason not in REASONS:
         raise MalformedHeader(REASON, last(headers, REASON), f"expected one of {REASONS}")
 
@@ -191,100 +205,3 @@ def origin_fields(origin: Origin) -> dict[str, str | int | None]:
         ORIGINAL_OFFSET: origin.offset,
         ORIGINAL_TIMESTAMP: timestamp,
     }
-
-
-# --- dead-letter records written by other systems -------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeadLetterInfo:
-    """The story of a dead-letter record, whichever system wrote it."""
-
-    system: str  # "redrive", "spring", "connect", "streams"
-    original: Origin | None
-    error_type: str | None
-    error_message: str | None
-    error_trace: str | None
-    attempts: int | None = None
-    group: str | None = None
-    reason: str | None = None
-
-
-def _lenient_int(raw: bytes | None) -> int | None:
-    """Spring writes big-endian binary integers; Connect and Streams write decimal text."""
-    if raw is None or raw == b"":
-        return None
-    if raw.isdigit() or (raw[:1] == b"-" and raw[1:].isdigit()):
-        return int(raw)
-    return int.from_bytes(raw, "big", signed=True)
-
-
-def _lenient_text(raw: bytes | None) -> str | None:
-    return None if raw is None else raw.decode("utf-8", errors="replace")
-
-
-def _origin(topic: str | None, partition: int | None, offset: int | None,
-            timestamp: int | None = None) -> Origin | None:
-    if topic is None or partition is None or offset is None:
-        return None
-    return Origin(topic, partition, offset, timestamp)
-
-
-def _read_redrive(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
-    if last(headers, REASON) is None and last(headers, ERROR_TYPE) is None:
-        return None
-    delivery = read_delivery(headers)
-    return DeadLetterInfo(
-        "redrive", delivery.original, _text(headers, ERROR_TYPE), _text(headers, ERROR_MESSAGE),
-        _text(headers, ERROR_TRACE), delivery.attempt, delivery.group, _text(headers, REASON))
-
-
-def _read_spring(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
-    for prefix, error_prefix in (("kafka_dlt-original-", "kafka_dlt-exception-"),
-                                 ("kafka_original-", "kafka_exception-")):
-        topic = last(headers, prefix + "topic")
-        if topic is None:
-            continue
-        original = _origin(_lenient_text(topic), _lenient_int(last(headers, prefix + "partition")),
-                           _lenient_int(last(headers, prefix + "offset")),
-                           _lenient_int(last(headers, prefix + "timestamp")))
-        error_type = (last(headers, error_prefix + "fqcn")
-                      or last(headers, error_prefix + "cause-fqcn"))
-        return DeadLetterInfo(
-            "spring", original, _lenient_text(error_type),
-            _lenient_text(last(headers, error_prefix + "message")),
-            _lenient_text(last(headers, error_prefix + "stacktrace")),
-            _lenient_int(last(headers, "retry_topic-attempts")),
-            _lenient_text(last(headers, prefix + "consumer-group")))
-    return None
-
-
-def _read_prefixed(headers: Sequence[tuple[str, bytes]], system: str, prefix: str,
-                   type_header: str, message_header: str,
-                   trace_header: str) -> DeadLetterInfo | None:
-    topic = last(headers, prefix + "topic")
-    error_type = last(headers, prefix + type_header)
-    if topic is None and error_type is None:
-        return None
-    original = _origin(_lenient_text(topic), _lenient_int(last(headers, prefix + "partition")),
-                       _lenient_int(last(headers, prefix + "offset")))
-    return DeadLetterInfo(
-        system, original, _lenient_text(error_type),
-        _lenient_text(last(headers, prefix + message_header)),
-        _lenient_text(last(headers, prefix + trace_header)))
-
-
-def read_dead_letter(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
-    """Where a dead-letter record came from and why, from the first header set that is present.
-
-    Raises MalformedHeader only for redrive's own headers; other systems' sets are read leniently.
-    """
-    found = _read_redrive(headers) or _read_spring(headers)
-    if found is not None:
-        return found
-    connect = _read_prefixed(headers, "connect", "__connect.errors.", "exception.class.name",
-                             "exception.message", "exception.stacktrace")
-    if connect is not None:
-        return connect
-    return _read_prefixed(headers, "streams", "__streams.errors.", "exception", "message",
-                          "stacktrace")

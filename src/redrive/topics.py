@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from confluent_kafka.admin import AdminClient
 
 from redrive import kafka
-from redrive.errors import InvalidPolicy, UnknownTopic
+from redrive.errors import InvalidArgument, UnknownTopic
 from redrive.policy import Naming, RetryPolicy, format_ms
 
 SEPARATOR = "."
@@ -27,12 +27,24 @@ MAX_TOPIC_LENGTH = 249
 def check_name(field: str, value: str) -> str:
     """Topic and group names become parts of topic names, so they must be legal there."""
     if not isinstance(value, str) or not value:
-        raise InvalidPolicy(field, value, "must be a non-empty string")
+        raise InvalidArgument(field, value, "must be a non-empty string")
     if not _LEGAL.match(value):
-        raise InvalidPolicy(field, value, "may contain only letters, digits, '.', '_' and '-'")
+        raise InvalidArgument(field, value, "may contain only letters, digits, '.', '_' and '-'")
     if len(value) > MAX_TOPIC_LENGTH:
-        raise InvalidPolicy(field, value, f"is longer than {MAX_TOPIC_LENGTH} characters")
+        raise InvalidArgument(field, value, f"is longer than {MAX_TOPIC_LENGTH} characters")
     return value
+
+
+def check_names(field: str, value: str | Iterable[str]) -> list[str]:
+    """One topic name or several, each legal, none twice, at least one."""
+    names = [value] if isinstance(value, str) else list(value)
+    if not names:
+        raise InvalidArgument(field, value, "name at least one topic")
+    for name in names:
+        check_name(field, name)
+    if len(set(names)) != len(names):
+        raise InvalidArgument(field, value, "names a topic twice")
+    return names
 
 
 @dataclass(frozen=True)
@@ -57,7 +69,7 @@ class TopicPlan:
         for candidate in self.retry_topics:
             if retry in candidate.retries:
                 return candidate
-        raise InvalidPolicy("retry", retry, f"the plan for {self.topic!r} has no such retry")
+        raise InvalidArgument("retry", retry, f"the plan for {self.topic!r} has no such retry")
 
     @property
     def retry_topic_names(self) -> list[str]:
@@ -139,7 +151,7 @@ def ensure_topics(admin: AdminClient, topic_plan: TopicPlan, *, partitions: int 
         raise UnknownTopic(topic_plan.topic)
     needed = partitions if partitions is not None else counts[topic_plan.topic]
     if needed < 1:
-        raise InvalidPolicy("partitions", needed, "must be >= 1")
+        raise InvalidArgument("partitions", needed, "must be >= 1")
     missing = [name for name in topic_plan.created_topics if name not in counts]
     existing = [name for name in topic_plan.created_topics if name in counts]
     created = kafka.create_topics(admin, {name: needed for name in missing},

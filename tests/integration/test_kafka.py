@@ -17,7 +17,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from redrive import kafka
-from redrive.devbroker import DevBroker, DevBrokerError, free_port
+from redrive.dev.brokers import DevBroker, DevBrokerError
+from redrive.dev.ports import free_port
 from redrive.errors import BrokerUnavailable, DeliveryFailed, UnknownTopic
 
 pytestmark = pytest.mark.integration
@@ -270,7 +271,7 @@ def test_dev_broker_whose_binary_exits_at_once_fails_with_its_log(tmp_path: Path
 # A broker must not outlive the Python process that started it, however that process ends.
 ORPHAN_SCRIPT = """
 import sys, time
-from redrive.devbroker import DevBroker
+from redrive.dev.brokers import DevBroker
 broker = DevBroker("tansu", data_dir=sys.argv[2]).start()
 print(broker.pid, flush=True)
 if sys.argv[1] == "wait":
@@ -298,7 +299,7 @@ def test_no_broker_outlives_its_python_process(ending: str, how: signal.Signals 
 
 def test_module_entry_point_serves_until_sigterm(tmp_path: Path) -> None:
     serving = subprocess.Popen(
-        [sys.executable, "-m", "redrive.devbroker", "--kind", "tansu", "--port", "0",
+        [sys.executable, "-m", "redrive.dev.brokers", "--kind", "tansu", "--port", "0",
          "--data-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert serving.stdout is not None

@@ -1,11 +1,9 @@
-import struct
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from redrive import headers as h
-from redrive import kafka
 from redrive.errors import MalformedHeader
 from redrive.record import Delivery, ErrorInfo, Origin
 
@@ -90,85 +88,7 @@ def test_normalize_accepts_what_clients_hand_over() -> None:
 
 def test_consumed_headers_with_a_null_value_get_empty_bytes() -> None:
     pairs = [("a", b"1"), ("b", None)]
-    assert kafka.normalize_headers(pairs) == [("a", b"1"), ("b", b"")]
+    assert h.normalize(pairs) == [("a", b"1"), ("b", b"")]
     clean = [("a", b"1")]
-    assert kafka.normalize_headers(clean) is clean  # nothing to convert, nothing copied
-    assert kafka.normalize_headers(None) == []
-
-
-def test_reads_redrive_dead_letters() -> None:
-    written = h.replace([], {h.ATTEMPT: 4, h.GROUP: "billing", h.REASON: "exhausted",
-                             h.ERROR_TYPE: "ValueError", h.ERROR_MESSAGE: "bad",
-                             **h.origin_fields(Origin("orders", 1, 7, 99))})
-    info = h.read_dead_letter(written)
-    assert info is not None
-    assert (info.system, info.original, info.error_type, info.attempts, info.reason) == \
-        ("redrive", Origin("orders", 1, 7, 99), "ValueError", 4, "exhausted")
-
-
-def test_reads_spring_dlt_headers_with_binary_numbers() -> None:
-    pairs = [
-        ("kafka_dlt-original-topic", b"orders"),
-        ("kafka_dlt-original-partition", struct.pack(">i", 2)),
-        ("kafka_dlt-original-offset", struct.pack(">q", 12345)),
-        ("kafka_dlt-original-timestamp", struct.pack(">q", 1_700_000_000_000)),
-        ("kafka_dlt-exception-fqcn", b"java.lang.IllegalStateException"),
-        ("kafka_dlt-exception-message", b"no"),
-        ("kafka_dlt-exception-stacktrace", b"at x"),
-        ("kafka_dlt-original-consumer-group", b"billing"),
-    ]
-    info = h.read_dead_letter(pairs)
-    assert info is not None
-    assert info.system == "spring"
-    assert info.original == Origin("orders", 2, 12345, 1_700_000_000_000)
-    assert (info.error_type, info.error_message, info.group) == \
-        ("java.lang.IllegalStateException", "no", "billing")
-
-
-def test_reads_spring_retry_topic_headers() -> None:
-    pairs = [
-        ("kafka_original-topic", b"payments"),
-        ("kafka_original-partition", struct.pack(">i", 0)),
-        ("kafka_original-offset", struct.pack(">q", 9)),
-        ("kafka_exception-fqcn", b"com.acme.Boom"),
-        ("kafka_exception-message", b"boom"),
-        ("retry_topic-attempts", struct.pack(">i", 3)),
-    ]
-    info = h.read_dead_letter(pairs)
-    assert info is not None and info.system == "spring"
-    assert info.original == Origin("payments", 0, 9, None)
-    assert (info.error_type, info.attempts) == ("com.acme.Boom", 3)
-
-
-def test_reads_kafka_connect_headers() -> None:
-    pairs = [
-        ("__connect.errors.topic", b"clicks"),
-        ("__connect.errors.partition", b"4"),
-        ("__connect.errors.offset", b"1001"),
-        ("__connect.errors.exception.class.name", b"org.apache.kafka.connect.errors.DataException"),
-        ("__connect.errors.exception.message", b"Converting byte[] to Kafka Connect data failed"),
-        ("__connect.errors.exception.stacktrace", b"trace"),
-    ]
-    info = h.read_dead_letter(pairs)
-    assert info is not None and info.system == "connect"
-    assert info.original == Origin("clicks", 4, 1001, None)
-    assert info.error_type == "org.apache.kafka.connect.errors.DataException"
-
-
-def test_reads_kafka_streams_headers() -> None:
-    pairs = [
-        ("__streams.errors.exception", b"org.apache.kafka.common.errors.SerializationException"),
-        ("__streams.errors.message", b"Size of data received is not 8"),
-        ("__streams.errors.stacktrace", b"trace"),
-        ("__streams.errors.topic", b"metrics"),
-        ("__streams.errors.partition", b"1"),
-        ("__streams.errors.offset", b"77"),
-    ]
-    info = h.read_dead_letter(pairs)
-    assert info is not None and info.system == "streams"
-    assert info.original == Origin("metrics", 1, 77, None)
-    assert info.error_message == "Size of data received is not 8"
-
-
-def test_plain_record_has_no_dead_letter_story() -> None:
-    assert h.read_dead_letter([("traceparent", b"x")]) is None
+    assert h.normalize(clean) is clean  # nothing to convert, nothing copied
+    assert h.normalize(None) == []

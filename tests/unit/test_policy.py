@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from redrive.errors import InvalidPolicy
+from redrive.errors import InvalidArgument, InvalidPolicy
 from redrive.policy import (
     Backoff,
     Disposition,
@@ -31,7 +31,7 @@ def test_durations_parse(text: object, ms: int) -> None:
 
 @pytest.mark.parametrize("bad", ["", "5x", "-5s", "five", "5 m s", -1, float("nan"), True, None])
 def test_bad_durations_name_field_and_value(bad: object) -> None:
-    with pytest.raises(InvalidPolicy) as caught:
+    with pytest.raises(InvalidArgument) as caught:
         to_ms(bad, "backoff.delay")  # type: ignore[arg-type]
     assert caught.value.field == "backoff.delay"
     assert repr(bad) in str(caught.value)

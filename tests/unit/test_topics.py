@@ -1,7 +1,7 @@
 import pytest
 
 from redrive import topics
-from redrive.errors import InvalidPolicy
+from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, RetryPolicy
 
 
@@ -41,7 +41,7 @@ def test_no_dead_letter_topic_when_off() -> None:
     ("o" * 240, "group", "retry topic"),
 ])
 def test_illegal_names_are_rejected(topic: str, group: str, field: str) -> None:
-    with pytest.raises(InvalidPolicy) as caught:
+    with pytest.raises(InvalidArgument) as caught:
         topics.plan(RetryPolicy(), topic, group)
     assert caught.value.field == field
 

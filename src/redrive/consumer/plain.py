@@ -3,10 +3,11 @@ headers, each handed to the handler as a Record.
 
 Such a record has no redrive history, no due time and no group filter, so it needs nothing but a
 Record and a handler call. `handle_plain` takes a run of them until one needs more (headers, an
-error, another partition) or its handler raises. redrive._plainrun does the same in C when it is
-built: there, building the Record and calling the handler skip the interpreter's per-record work,
-which is most of what the runtime adds to a raw confluent-kafka loop. This module's version is
-the reference and the fallback; the tests hold both to the same results.
+error, another partition) or its handler raises. redrive.consumer._plainrun (beside this module)
+does the same in C when it is built: there, building the Record and calling the handler skip the
+interpreter's per-record work, which is most of what the runtime adds to a raw confluent-kafka
+loop. This module's version is the reference and the fallback; the tests hold both to the same
+results.
 """
 
 from __future__ import annotations
@@ -76,6 +77,6 @@ def handle_plain_python(messages: Sequence[Message], start: int, topic: str, par
 handle_plain: Callable[[Sequence[Message], int, str, int, Handler, int, int, list[float],
                         bytearray], PlainRun]
 try:
-    from redrive._plainrun import handle_plain
+    from redrive.consumer._plainrun import handle_plain
 except ImportError:  # not built (the extension is optional): the Python loop serves
     handle_plain = handle_plain_python

@@ -16,7 +16,7 @@ poll batch is handled record by record, in partition order:
 - any other error, or an exhausted in-place budget, is routed with `routing.route` to a retry topic
   or the dead-letter topic; the record is finished once its copy is acknowledged.
 
-After each batch its copies are produced without waiting (`redrive.consumer.pipeline`): the next
+After each batch its copies are produced without waiting (`redrive.consumer.commits`): the next
 batches are handled while the broker acknowledges them, and a batch's offsets are committed
 synchronously (offset + 1 of the last finished record per partition) only once its copies and
 those of every earlier batch are acknowledged, so a partition never commits past a record it has
@@ -43,24 +43,27 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
-from confluent_kafka import TopicPartition as KafkaPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from redrive import gate, kafka
 from redrive import headers as h
-from redrive.backend import BoundBackend, RetryBackend, RetryTopics, Verdict
+from redrive.arguments import check_instance, check_int, check_positive
+from redrive.backends import BoundBackend, RetryBackend, RetryTopics, Verdict
+from redrive.clock import now_ms
 from redrive.consumer.batch import Batch, Copy
+from redrive.consumer.commits import CommitPipeline, Pending
 from redrive.consumer.in_place import InPlaceRetries
-from redrive.consumer.pauses import Hold, Holds, TopicPartition, Why
-from redrive.consumer.pipeline import Pending, Pipeline
 from redrive.consumer.plain import handle_plain
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
+from redrive.kafka.holds import Hold, Holds, Why
+from redrive.kafka.records import PartitionKey
+from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, new_record
 from redrive.routing import DeadLetter, Retry, route
 from redrive.signals import stop_on_signals
-from redrive.topics import check_name, plans
+from redrive.topics import check_name, check_names, plans
 
 log = logging.getLogger("redrive.consumer")
 
@@ -90,13 +93,6 @@ CONFIRM_POLL_S = 0.01
 # Batches whose copies may be unconfirmed at once before the runtime waits for the oldest.
 MAX_UNCONFIRMED_BATCHES = 8
 
-
-class InvalidSetting(InvalidArgument):
-    """A RetryingConsumer argument has a value it cannot work with."""
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class RetryingConsumer:
@@ -128,25 +124,24 @@ class RetryingConsumer:
                  poll_timeout_s: float = DEFAULT_POLL_TIMEOUT_S,
                  timeout_s: float = DEFAULT_TIMEOUT_S,
                  retry_backend: RetryBackend | None = None) -> None:
-        self.topics = _check_topics(topics)
-        self.group = _check_name("group", group)
-        if not isinstance(policy, RetryPolicy):
-            raise InvalidSetting("policy", policy, "must be a RetryPolicy")
+        self.topics = check_names("topics", topics)
+        self.group = check_name("group", group)
+        check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
         if not callable(handler):
-            raise InvalidSetting("handler", handler, "must be callable with one Record")
-        _check_int("batch_size", batch_size, 1, 1_000_000)
-        _check_positive("poll_timeout_s", poll_timeout_s)
-        _check_positive("timeout_s", timeout_s)
+            raise InvalidArgument("handler", handler, "must be callable with one Record")
+        check_int("batch_size", batch_size, 1, 1_000_000)
+        check_positive("poll_timeout_s", poll_timeout_s)
+        check_positive("timeout_s", timeout_s)
         if metrics_port is not None:
-            _check_int("metrics_port", metrics_port, 0, 65535)
-        if retry_backend is not None and not isinstance(retry_backend, RetryBackend):
-            raise InvalidSetting("retry_backend", retry_backend,
-                                 "must be a RetryBackend (RetryTopics() or StoreBackend(...))")
+            check_int("metrics_port", metrics_port, 0, 65535)
+        if retry_backend is not None:
+            check_instance("retry_backend", retry_backend, RetryBackend,
+                           "a RetryBackend (RetryTopics() or StoreBackend(...))")
         self.retry_backend = retry_backend if retry_backend is not None else RetryTopics()
         self._backend = self.retry_backend.bind(self.group)
         if transactional and not self._backend.transactions_supported:
-            raise InvalidSetting("transactional", transactional,
-                                 f"{self.retry_backend!r} cannot join Kafka transactions")
+            raise InvalidArgument("transactional", transactional,
+                                  f"{self.retry_backend!r} cannot join Kafka transactions")
         self.policy = policy
         self.handler = handler
         self.transactional = bool(transactional)
@@ -171,12 +166,12 @@ class RetryingConsumer:
         # Successes clear in-place state only when some topic's policy retries in place.
         self._in_place_policies = any(self._backend.policy_for(topic, policy).in_place
                                       for topic in self.topics)
-        self._assigned: set[TopicPartition] = set()
+        self._assigned: set[PartitionKey] = set()
         self._partitions: dict[str, int] = {}
         self._stopping = threading.Event()
         # The same as _stopping, cheaper to test per record (and readable from C).
         self._stop = bytearray(1)
-        self._pipeline = Pipeline()
+        self._pipeline = CommitPipeline()
         backend_type = type(self._backend)
         # A backend with no admit/succeeded hooks lets records without headers skip them.
         self._plain_backend = (backend_type.admit is BoundBackend.admit
@@ -184,7 +179,8 @@ class RetryingConsumer:
         # Only a backend that looks records up (the store) pays for the pre-pass over a batch.
         self._prefetching = backend_type.prefetch is not BoundBackend.prefetch
         self._consumer: Consumer | None = None
-        self._producer: Producer | None = None
+        self._producer: Producer | None = None  # at-least-once: copies confirmed as they come
+        self._transactions: TransactionalProducer | None = None
         self._closed = False
 
     @property
@@ -199,13 +195,12 @@ class RetryingConsumer:
             return
         if self._closed:
             raise RedriveError(f"consumer of group {self.group!r} is closed; make a new one")
-        # The producer first: an idempotent producer asks for its producer id only once it has a
-        # broker connection, retrying every 500 ms, so it cannot write a copy for the first
-        # 0.5-1 s of its life. Made before the topic set-up and the group join, that wait overlaps
-        # them instead of stalling the first batch with failures (see _wait_for_head).
-        self._producer = kafka.producer(
-            self._connection, overrides=self._producer_config,
-            transactional_id=self._transactional_id if self.transactional else None)
+        if not self.transactional:
+            # The producer first: an idempotent producer asks for its producer id only once it
+            # has a broker connection, retrying every 500 ms, so it cannot write a copy for the
+            # first 0.5-1 s of its life. Made before the topic set-up and the group join, that
+            # wait overlaps them instead of stalling the first batch (see _wait_for_head).
+            self._producer = kafka.producer(self._connection, overrides=self._producer_config)
         try:
             admin = kafka.admin(self._connection)
             if self._create_topics:
@@ -219,7 +214,10 @@ class RetryingConsumer:
             self._producer = None  # nothing was produced: dropping it releases it
             raise
         if self.transactional:
-            self._producer.init_transactions(self._timeout_s)
+            self._transactions = TransactionalProducer(
+                self._connection, self._transactional_id, overrides=self._producer_config,
+                timeout_s=self._timeout_s)
+            self._transactions.start()
         self._consumer = kafka.consumer(self._connection, self.group, self._config)
         self._consumer.subscribe(self.subscribed, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -266,6 +264,8 @@ class RetryingConsumer:
                 self._consumer.close()
         if self._producer is not None:
             self._producer.flush(self._timeout_s)
+        if self._transactions is not None:
+            self._transactions.close()
 
     def __enter__(self) -> RetryingConsumer:
         self.start()
@@ -309,7 +309,7 @@ class RetryingConsumer:
         stop = self._stop
         topic: str | None = None
         partition = -1
-        tp: TopicPartition = ("", -1)
+        tp: PartitionKey = ("", -1)
         main = ""
         skip = True  # the current run's partition is revoked or stopped in this batch
         ok = 0  # successes of the current run not yet counted in `processed`
@@ -393,7 +393,7 @@ class RetryingConsumer:
             raw_headers = message.headers()
             if raw_headers is None and not every:
                 continue
-            headers = kafka.normalize_headers(raw_headers)
+            headers = h.normalize(raw_headers)
             delivery = NO_HISTORY
             if headers and h.has_redrive(headers):
                 try:
@@ -409,9 +409,9 @@ class RetryingConsumer:
                                       message.value(), headers, delivery))
         return records
 
-    def _handle(self, message: Message, tp: TopicPartition, offset: int, batch: Batch,
+    def _handle(self, message: Message, tp: PartitionKey, offset: int, batch: Batch,
                 raw_headers: Any, main: str) -> None:
-        headers = kafka.normalize_headers(raw_headers)
+        headers = h.normalize(raw_headers)
         malformed: MalformedHeader | None = None
         delivery = NO_HISTORY
         if headers and h.has_redrive(headers):
@@ -461,7 +461,7 @@ class RetryingConsumer:
         self._failed(record, failure, tp, batch, main)
         del failure  # its traceback holds this frame: see ErrorInfo.detached
 
-    def _failed(self, record: Record, failure: Exception, tp: TopicPartition, batch: Batch,
+    def _failed(self, record: Record, failure: Exception, tp: PartitionKey, batch: Batch,
                 main: str) -> None:
         policy = self._backend.policy_for(main, self.policy)
         # Built once: the in-place decision and routing both classify it, and its trace costs.
@@ -477,7 +477,7 @@ class RetryingConsumer:
         self._in_place.clear(tp)
         self._route(record, error, tp, batch, main, record.delivery)
 
-    def _route(self, record: Record, error: Exception | ErrorInfo, tp: TopicPartition,
+    def _route(self, record: Record, error: Exception | ErrorInfo, tp: PartitionKey,
                batch: Batch, main: str, delivery: Delivery | None) -> None:
         decision = route(record, error, self._backend.policy_for(main, self.policy), now_ms(),
                          group=self.group, delivery=delivery)
@@ -520,7 +520,7 @@ class RetryingConsumer:
 
     # --- confirmations -------------------------------------------------------------------------
 
-    def _settle(self, exclude: Iterable[TopicPartition] = ()) -> None:
+    def _settle(self, exclude: Iterable[PartitionKey] = ()) -> None:
         """Serve delivery reports; commit the acknowledged batches in order; rewind on a failure."""
         if not self._pipeline:
             return
@@ -546,7 +546,7 @@ class RetryingConsumer:
                 producer.poll(0.005)
             self._settle()
 
-    def _settle_all(self, exclude: Iterable[TopicPartition] = ()) -> None:
+    def _settle_all(self, exclude: Iterable[PartitionKey] = ()) -> None:
         """Wait for every copy produced so far, then commit what was acknowledged."""
         if not self._pipeline:
             return
@@ -556,8 +556,8 @@ class RetryingConsumer:
         while self._pipeline:
             self._settle(exclude)
 
-    def _commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        partitions = [KafkaPartition(topic, partition, offset)
+    def _commit(self, offsets: Mapping[PartitionKey, int]) -> None:
+        partitions = [TopicPartition(topic, partition, offset)
                       for (topic, partition), offset in offsets.items()]
         try:
             results = self._require_consumer().commit(offsets=partitions, asynchronous=False)
@@ -571,31 +571,24 @@ class RetryingConsumer:
                 log.warning("group %s: commit of %s[%d] failed: %s", self.group, result.topic,
                             result.partition, result.error)
 
-    def _commit_transaction(self, batch: Batch, offsets: Mapping[TopicPartition, int]) -> bool:
-        producer = self._require_producer()
-        partitions = [KafkaPartition(topic, partition, offset)
+    def _commit_transaction(self, batch: Batch, offsets: Mapping[PartitionKey, int]) -> bool:
+        """The batch's copies and offsets in one transaction; False if it was aborted (a
+        ProducerFenced, from a newer instance with this transactional id, ends run())."""
+        assert self._transactions is not None
+        partitions = [TopicPartition(topic, partition, offset)
                       for (topic, partition), offset in offsets.items()]
         try:
-            producer.begin_transaction()
-            for record in batch.out_records:
-                kafka.produce(producer, record)
-            producer.send_offsets_to_transaction(
-                partitions, self._require_consumer().consumer_group_metadata(), self._timeout_s)
-            producer.commit_transaction(self._timeout_s)
+            self._transactions.commit(batch.out_records, partitions,
+                                      self._require_consumer().consumer_group_metadata())
             return True
-        except KafkaException as exc:
-            error = exc.args[0]
-            if isinstance(error, KafkaError) and error.fatal():
-                raise  # fenced by a newer instance, or the producer is unusable
-            log.error("group %s: transaction failed (%s); aborted, and the batch's partitions "
-                      "are rewound", self.group, exc)
-            producer.abort_transaction(self._timeout_s)
+        except TransactionAborted as exc:
+            log.error("group %s: %s; the batch's partitions are rewound", self.group, exc)
             return False
 
-    def _rewind(self, first: Mapping[TopicPartition, int]) -> None:
+    def _rewind(self, first: Mapping[PartitionKey, int]) -> None:
         consumer = self._require_consumer()
         for (topic, partition), offset in first.items():
-            consumer.seek(KafkaPartition(topic, partition, offset))
+            consumer.seek(TopicPartition(topic, partition, offset))
 
     def _count_routed(self, copies: Iterable[Copy]) -> None:
         for copy in copies:
@@ -608,18 +601,13 @@ class RetryingConsumer:
 
     # --- holds ---------------------------------------------------------------------------------
 
-    def _hold(self, tp: TopicPartition, record: Record, until_ms: int, why: Why) -> None:
-        consumer = self._require_consumer()
-        position = KafkaPartition(tp[0], tp[1], record.offset)
-        consumer.pause([position])
-        consumer.seek(position)
-        self._holds.hold(tp, Hold(record.offset, until_ms, why, record.timestamp_ms))
+    def _hold(self, tp: PartitionKey, record: Record, until_ms: int, why: Why) -> None:
+        self._holds.hold(self._require_consumer(), tp,
+                         Hold(record.offset, until_ms, why, record.timestamp_ms))
         self.metrics.paused_partitions(len(self._holds))
 
     def _release_due(self) -> None:
-        due = self._holds.release_due(now_ms())
-        if due:
-            self._require_consumer().resume([KafkaPartition(t, p) for t, p in due])
+        if self._holds.release_due(self._require_consumer(), now_ms()):
             # Set where the holds change, not after the batch: a scrape taken while the
             # released records are being handled must not still count their partitions.
             self.metrics.paused_partitions(len(self._holds))
@@ -629,27 +617,23 @@ class RetryingConsumer:
 
     # --- rebalances ----------------------------------------------------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned.update((str(p.topic), int(p.partition)) for p in partitions)
         self.metrics.rebalanced("assign")
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._forget(consumer, partitions, "revoke")
 
-    def _on_lost(self, consumer: Consumer, partitions: list[KafkaPartition]) -> None:
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._forget(consumer, partitions, "lost")
 
-    def _forget(self, consumer: Consumer, partitions: list[KafkaPartition], kind: str) -> None:
+    def _forget(self, consumer: Consumer, partitions: list[TopicPartition], kind: str) -> None:
         tps = [(str(p.topic), int(p.partition)) for p in partitions]
         # Batches whose copies are still unconfirmed: wait for them and commit what was
         # acknowledged while the partitions are still ours (a lost partition is not ours any
         # more: nothing of it is committed, its next owner handles those records again).
         self._settle_all(exclude=tps if kind == "lost" else ())
-        held = self._holds.drop(tps)
-        if held:
-            # librdkafka keeps a partition's pause flag across unassign and assign, so a
-            # partition handed back to this member later would stay paused with no hold to end.
-            consumer.resume([KafkaPartition(t, p) for t, p in held])
+        self._holds.release(consumer, tps)
         self._in_place.drop(tps)
         self._assigned.difference_update(tps)
         self.metrics.rebalanced(kind)
@@ -677,30 +661,3 @@ class RetryingConsumer:
             raise RedriveError(f"consumer of group {self.group!r} is not started; call start()")
         return self._producer
 
-
-def _check_name(field: str, value: str) -> str:
-    try:
-        return check_name(field, value)
-    except ValueError as exc:
-        raise InvalidSetting(field, value, str(exc).split(": ", 1)[-1]) from exc
-
-
-def _check_topics(value: str | Sequence[str]) -> list[str]:
-    names = [value] if isinstance(value, str) else list(value)
-    if not names:
-        raise InvalidSetting("topics", value, "name at least one topic")
-    for name in names:
-        _check_name("topics", name)
-    if len(set(names)) != len(names):
-        raise InvalidSetting("topics", value, "names a topic twice")
-    return names
-
-
-def _check_int(field: str, value: int, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidSetting(field, value, f"must be an integer in {low}..{high}")
-
-
-def _check_positive(field: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise InvalidSetting(field, value, "must be a number > 0")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,8 +11,9 @@ from confluent_kafka import Producer
 
 from redrive import headers as h
 from redrive import kafka
+from redrive.clock import now_ms
 from redrive.delay.tiers import DEFAULT_TIERS, Tiers
-from redrive.errors import InvalidPolicy
+from redrive.errors import InvalidArgument
 from redrive.policy.duration import Duration, to_ms
 from redrive.topics import check_name
 
@@ -28,22 +28,19 @@ class Scheduled:
     due_ms: int
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
 
 def due_ms_of(delay: Duration | None, at: Instant | None, now: int) -> int:
     """The due time from exactly one of `delay` (a duration) and `at` (datetime or epoch ms)."""
     if (delay is None) == (at is None):
-        raise InvalidPolicy("delay/at", {"delay": delay, "at": at}, "give exactly one of them")
+        raise InvalidArgument("delay/at", {"delay": delay, "at": at}, "give exactly one of them")
     if delay is not None:
         return now + to_ms(delay, "delay")
     if isinstance(at, datetime):
         if at.tzinfo is None:
-            raise InvalidPolicy("at", at, "needs a time zone (a naive datetime is ambiguous)")
+            raise InvalidArgument("at", at, "needs a time zone (a naive datetime is ambiguous)")
         return round(at.timestamp() * 1000)
     if isinstance(at, bool) or not isinstance(at, int) or at < 0:
-        raise InvalidPolicy("at", at, "expected an aware datetime or epoch milliseconds >= 0")
+        raise InvalidArgument("at", at, "expected an aware datetime or epoch milliseconds >= 0")
     return at
 
 
@@ -51,7 +48,7 @@ def check_target(target_topic: str, tiers: Tiers, field: str = "target_topic") -
     check_name(field, target_topic)
     if target_topic in tiers.owned_topics:
         # Forwarding into its own topics would send the record round and round.
-        raise InvalidPolicy(field, target_topic, "is one of the delay service's own topics")
+        raise InvalidArgument(field, target_topic, "is one of the delay service's own topics")
     return target_topic
 
 

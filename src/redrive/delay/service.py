@@ -29,7 +29,6 @@ from typing import Any
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
     Producer,
@@ -38,9 +37,12 @@ from confluent_kafka import (
 
 from redrive import gate, kafka
 from redrive import headers as h
-from redrive.delay.schedule import check_target, now_ms
+from redrive.clock import now_ms
+from redrive.delay.schedule import check_target
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
-from redrive.errors import DeliveryFailed, InvalidPolicy, MalformedHeader, RedriveError
+from redrive.errors import DeliveryFailed, InvalidArgument, MalformedHeader, RedriveError
+from redrive.kafka.holds import Hold, Holds, Why
+from redrive.kafka.transactions import ProducerFenced, TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
 from redrive.record import qualified_name
 from redrive.signals import stop_on_signals
@@ -82,14 +84,6 @@ class DelayServiceError(RedriveError):
 
 
 @dataclass
-class _Partition:
-    tier: Tier
-    held_offset: int | None = None  # the first record not yet due; the partition is paused
-    resume_at_ms: int = 0
-    waiting_since_ms: int = 0  # when the held record entered its tier
-
-
-@dataclass
 class _Batch:
     """What one poll forwards, and where to rewind to if that fails."""
 
@@ -126,11 +120,11 @@ class DelayService:
                  consumer_overrides: Mapping[str, Any] | None = None,
                  producer_overrides: Mapping[str, Any] | None = None) -> None:
         if partitions < 1:
-            raise InvalidPolicy("partitions", partitions, "must be >= 1")
+            raise InvalidArgument("partitions", partitions, "must be >= 1")
         if max_batch < 1:
-            raise InvalidPolicy("max_batch", max_batch, "must be >= 1")
+            raise InvalidArgument("max_batch", max_batch, "must be >= 1")
         if instance_id == "":
-            raise InvalidPolicy("instance_id", instance_id, "must not be empty")
+            raise InvalidArgument("instance_id", instance_id, "must not be empty")
         self.connection = connection
         self.tiers = tiers
         self.transactional = transactional
@@ -144,12 +138,14 @@ class DelayService:
         self._consumer_overrides = dict(consumer_overrides or {})
         self._producer_overrides = dict(producer_overrides or {})
         self._stopping = threading.Event()
-        self._state: dict[Key, _Partition] = {}
+        self._tiers: dict[Key, Tier] = {}  # the assigned partitions and their tiers
+        self._holds = Holds()
         self._known_topics: set[str] = set()
         self._targets: dict[bytes, str] = {}
         self._refreshed = False
         self._consumer: Consumer | None = None
-        self._producer: Producer | None = None
+        self._producer: Producer | None = None  # at-least-once
+        self._transactions: TransactionalProducer | None = None
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -177,16 +173,15 @@ class DelayService:
             consumer_settings["group.instance.id"] = self.instance_id
         self._consumer = kafka.consumer(self.connection, self.group_id,
                                         {**consumer_settings, **self._consumer_overrides})
-        transactional_id = None
+        overrides = {**PRODUCER_SETTINGS, **self._producer_overrides}
         if self.transactional:
             suffix = self.instance_id or uuid.uuid4().hex
-            transactional_id = f"{self.group_id}.{suffix}"
-        self._producer = kafka.producer(self.connection, transactional_id=transactional_id,
-                                        overrides={**PRODUCER_SETTINGS,
-                                                   **self._producer_overrides})
-        if self.transactional:
+            self._transactions = TransactionalProducer(
+                self.connection, f"{self.group_id}.{suffix}", overrides=overrides)
             # Fences any older producer with this id and aborts what it left open.
-            self._producer.init_transactions()
+            self._transactions.start()
+        else:
+            self._producer = kafka.producer(self.connection, overrides=overrides)
         self._consumer.subscribe(self.tiers.topics, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
@@ -197,37 +192,40 @@ class DelayService:
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
-        self._state.clear()
+        if self._transactions is not None:
+            self._transactions.close()
+            self._transactions = None
+        self._tiers.clear()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # A partition this instance held paused before the rebalance starts afresh from its
-        # committed offset; it must not stay paused with no state left to resume it.
         consumer.assign(partitions)
-        consumer.resume(partitions)
         for tp in partitions:
-            self._state[(tp.topic, tp.partition)] = _Partition(self.tiers.by_topic(tp.topic))
+            self._tiers[(tp.topic, tp.partition)] = self.tiers.by_topic(tp.topic)
         self.metrics.rebalanced("assign")
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
         self._report_paused()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            self._state.pop((tp.topic, tp.partition), None)
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        # A partition this instance held starts afresh from its committed offset wherever it
+        # goes next, this instance included: its hold and pause end here.
+        self._holds.release(consumer, keys)
+        for key in keys:
+            self._tiers.pop(key, None)
         self.metrics.rebalanced("revoke")
         self._report_paused()
 
     def _report_paused(self) -> None:
-        held = [state for state in self._state.values() if state.held_offset is not None]
-        self.metrics.paused_partitions(len(held))
-        oldest = min((state.waiting_since_ms for state in held), default=None)
-        self.metrics.oldest_pending_retry(0.0 if oldest is None else (now_ms() - oldest) / 1000)
+        self.metrics.paused_partitions(len(self._holds))
+        self.metrics.oldest_pending_retry(self._holds.oldest_age_s(now_ms()))
 
     # --- one poll ---------------------------------------------------------------------------
 
     def _step(self) -> None:
-        consumer = self._clients()[0]
-        self._resume_due(now_ms())
-        first = consumer.poll(self._poll_timeout_s(now_ms()))
+        consumer = self._require_consumer()
+        if self._holds.release_due(consumer, now_ms()):
+            self._report_paused()
+        first = consumer.poll(self._holds.wait_s(now_ms(), IDLE_POLL_S))
         if first is None:
             self._report_paused()  # the oldest held record's age grows while nothing arrives
             return
@@ -238,27 +236,10 @@ class DelayService:
         if batch.offsets:
             self._forward(batch)
 
-    def _clients(self) -> tuple[Consumer, Producer]:
-        if self._consumer is None or self._producer is None:
+    def _require_consumer(self) -> Consumer:
+        if self._consumer is None:
             raise DelayServiceError("the delay service is not running: call run()")
-        return self._consumer, self._producer
-
-    def _poll_timeout_s(self, now: int) -> float:
-        resumes = [state.resume_at_ms for state in self._state.values()
-                   if state.held_offset is not None]
-        if not resumes:
-            return IDLE_POLL_S
-        return min(IDLE_POLL_S, max(0.0, (min(resumes) - now) / 1000))
-
-    def _resume_due(self, now: int) -> None:
-        due = [key for key, state in self._state.items()
-               if state.held_offset is not None and state.resume_at_ms <= now]
-        if not due:
-            return
-        self._clients()[0].resume([TopicPartition(topic, partition) for topic, partition in due])
-        for key in due:
-            self._state[key].held_offset = None
-        self._report_paused()
+        return self._consumer
 
     def _admit(self, messages: Sequence[Message], now: int) -> _Batch:
         runs: dict[Key, list[Message]] = {}
@@ -270,24 +251,25 @@ class DelayService:
                 log.warning("consumer error: %s", error.str())
                 continue
             key = (str(message.topic()), int(message.partition() or 0))
-            state = self._state.get(key)
-            # Records of a paused partition fetched before the pause are fetched again later.
-            if state is None or state.held_offset is not None:
+            # Records of a held partition fetched before the pause are fetched again later.
+            if key not in self._tiers or key in self._holds:
                 continue
             runs.setdefault(key, []).append(message)
         batch = _Batch()
         self._refreshed = False
+        consumer = self._require_consumer()
         for key, run in runs.items():
-            state = self._state[key]
             # The gate stops at the first record not due, so exactly the admitted get planned.
-            admission = gate.admit(self._plan_run(run, state.tier, now, batch), now)
+            admission = gate.admit(self._plan_run(run, self._tiers[key], now, batch), now)
             batch.starts[key] = int(run[0].offset() or 0)
             if admission.count:
                 last = run[admission.count - 1]
                 batch.offsets.append(TopicPartition(key[0], key[1], int(last.offset() or 0) + 1))
             if admission.next_due_ms is not None:
-                self._hold(key, state, run[admission.count],
-                           admission.next_due_ms)
+                held = run[admission.count]
+                self._holds.hold(consumer, key, Hold(int(held.offset() or 0),
+                                                     admission.next_due_ms, Why.DUE,
+                                                     held.timestamp()[1]))
         self._report_paused()
         return batch
 
@@ -336,7 +318,7 @@ class DelayService:
             target = self._targets.get(raw)
             if target is None:
                 target = self._check_target(raw)
-        except (MalformedHeader, InvalidPolicy) as exc:
+        except (MalformedHeader, InvalidArgument) as exc:
             raise _Malformed(exc) from exc
         return target, due
 
@@ -348,7 +330,7 @@ class DelayService:
         check_target(target, self.tiers, h.TARGET)
         if not self._topic_exists(target):
             # A target that does not exist would fail the whole transaction again and again.
-            raise InvalidPolicy(h.TARGET, target, "no such topic on the cluster")
+            raise InvalidArgument(h.TARGET, target, "no such topic on the cluster")
         # Only existing topics are remembered, so the cache is as small as the cluster's list.
         self._targets[raw] = target
         return target
@@ -359,7 +341,7 @@ class DelayService:
         if not self._refreshed:
             # One metadata call per poll at most, and only when a target is unknown.
             self._refreshed = True
-            metadata = self._clients()[1].list_topics(timeout=10)
+            metadata = self._require_consumer().list_topics(timeout=10)
             self._known_topics = {name for name, meta in metadata.topics.items()
                                   if meta.error is None}
         return topic in self._known_topics
@@ -376,65 +358,33 @@ class DelayService:
         return kafka.OutRecord(self.tiers.dead_letter, message.value(), message.key(),
                                dead_headers, timestamp_ms=now)
 
-    def _hold(self, key: Key, state: _Partition, message: Message, due_ms: int) -> None:
-        consumer = self._clients()[0]
-        offset = int(message.offset() or 0)
-        tp = TopicPartition(key[0], key[1], offset)
-        consumer.pause([tp])
-        consumer.seek(tp)
-        state.held_offset = offset
-        state.resume_at_ms = due_ms
-        state.waiting_since_ms = message.timestamp()[1]
-
     # --- forwarding -------------------------------------------------------------------------
 
     def _forward(self, batch: _Batch) -> None:
+        consumer = self._require_consumer()
         try:
-            if self.transactional:
-                self._forward_in_transaction(batch)
+            if self._transactions is not None:
+                self._transactions.commit(batch.out, batch.offsets,
+                                          consumer.consumer_group_metadata())
             else:
-                self._forward_at_least_once(batch)
-        except (KafkaException, DeliveryFailed) as exc:
+                assert self._producer is not None
+                kafka.produce_confirmed(self._producer, batch.out)
+                consumer.commit(offsets=batch.offsets, asynchronous=False)
+        except ProducerFenced as exc:
+            raise DelayServiceError(str(exc)) from exc
+        except (KafkaException, DeliveryFailed, TransactionAborted) as exc:
             log.warning("forwarding %d record(s) failed, will retry them: %s",
                         len(batch.out), exc)
             self._rewind(batch)
             return
         self._count(batch)
 
-    def _forward_in_transaction(self, batch: _Batch) -> None:
-        consumer, producer = self._clients()
-        producer.begin_transaction()
-        try:
-            for record in batch.out:
-                kafka.produce(producer, record)
-            producer.send_offsets_to_transaction(batch.offsets,
-                                                 consumer.consumer_group_metadata())
-            producer.commit_transaction()
-        except KafkaException as exc:
-            error = exc.args[0]
-            if isinstance(error, KafkaError) and error.fatal():
-                raise DelayServiceError(
-                    f"transactional producer failed fatally (fenced by another instance with "
-                    f"the same instance_id?): {error.str()}") from exc
-            producer.abort_transaction()
-            raise
-
-    def _forward_at_least_once(self, batch: _Batch) -> None:
-        consumer, producer = self._clients()
-        kafka.produce_confirmed(producer, batch.out)
-        consumer.commit(offsets=batch.offsets, asynchronous=False)
-
     def _rewind(self, batch: _Batch) -> None:
-        consumer = self._clients()[0]
+        consumer = self._require_consumer()
+        self._holds.release(consumer, [key for key in batch.starts if key in self._tiers])
         for key, offset in batch.starts.items():
-            state = self._state.get(key)
-            if state is None:
-                continue
-            tp = TopicPartition(key[0], key[1], offset)
-            if state.held_offset is not None:
-                consumer.resume([tp])
-                state.held_offset = None
-            consumer.seek(tp)
+            if key in self._tiers:
+                consumer.seek(TopicPartition(key[0], key[1], offset))
         self._report_paused()
 
     def _count(self, batch: _Batch) -> None:

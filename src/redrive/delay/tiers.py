@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from redrive.errors import InvalidPolicy
+from redrive.errors import InvalidArgument
 from redrive.policy.duration import Duration, format_ms, to_ms
 from redrive.topics import SEPARATOR, check_name
 
@@ -54,12 +54,12 @@ class Tiers:
         for duration in durations:
             ms = to_ms(duration, "tier")
             if ms <= 0:
-                raise InvalidPolicy("tier", duration, "must be longer than 0 ms")
+                raise InvalidArgument("tier", duration, "must be longer than 0 ms")
             if ms in delays:
-                raise InvalidPolicy("tier", duration, f"{format_ms(ms)} is given twice")
+                raise InvalidArgument("tier", duration, f"{format_ms(ms)} is given twice")
             delays.append(ms)
         if not delays:
-            raise InvalidPolicy("tiers", list(durations), "need at least one tier")
+            raise InvalidArgument("tiers", list(durations), "need at least one tier")
         ordered = sorted(delays)
         tiers = tuple(Tier(check_name("tier topic", SEPARATOR.join((prefix, format_ms(ms)))), ms)
                       for ms in ordered)
@@ -71,7 +71,7 @@ class Tiers:
         """Tiers from a comma-separated list such as `100ms,1s,5s` (the CLI's form)."""
         parts = [part.strip() for part in text.split(",")]
         if not text.strip() or any(not part for part in parts):
-            raise InvalidPolicy("tiers", text, "expected durations separated by commas, "
+            raise InvalidArgument("tiers", text, "expected durations separated by commas, "
                                                "such as 1s,10s,1m")
         return cls.of(parts, prefix)
 
@@ -92,7 +92,7 @@ class Tiers:
         for tier in self.tiers:
             if tier.topic == topic:
                 return tier
-        raise InvalidPolicy("tier topic", topic, f"not one of {self.topics}")
+        raise InvalidArgument("tier topic", topic, f"not one of {self.topics}")
 
     def next_hop(self, remaining_ms: int) -> Tier | None:
         """Where a record goes with `remaining_ms` left: None means to its target, now.

@@ -112,7 +112,7 @@ class RetryPolicy:
         if self.in_place is not None and not isinstance(self.in_place, InPlace):
             raise InvalidPolicy("in_place", self.in_place, "must be an InPlace")
         if self.max_retry_period is not None:
-            period = to_ms(self.max_retry_period, "max_retry_period")
+            period = to_ms(self.max_retry_period, "max_retry_period", InvalidPolicy)
             if period <= 0:
                 raise InvalidPolicy("max_retry_period", self.max_retry_period, "must be positive")
             object.__setattr__(self, "max_retry_period", period)

@@ -33,14 +33,14 @@ class Backoff:
 
     @staticmethod
     def fixed(delay: Duration) -> Fixed:
-        return Fixed(to_ms(delay, "backoff.delay"))
+        return Fixed(to_ms(delay, "backoff.delay", InvalidPolicy))
 
     @staticmethod
     def exponential(initial: Duration = "1s", multiplier: float = 2.0,
                     max: Duration | None = None, jitter: float = 0.0) -> Exponential:
         return Exponential(
-            to_ms(initial, "backoff.initial"), multiplier,
-            None if max is None else to_ms(max, "backoff.max"), jitter)
+            to_ms(initial, "backoff.initial", InvalidPolicy), multiplier,
+            None if max is None else to_ms(max, "backoff.max", InvalidPolicy), jitter)
 
     @staticmethod
     def sequence(delays: str | Sequence[Duration]) -> Explicit:
@@ -51,7 +51,8 @@ class Backoff:
         if not parts or (isinstance(delays, str) and not delays.strip()):
             raise InvalidPolicy("backoff.sequence", delays, "needs at least one delay")
         return Explicit(tuple(to_ms(p.strip() if isinstance(p, str) else p,
-                                    f"backoff.sequence[{i}]") for i, p in enumerate(parts)))
+                                    f"backoff.sequence[{i}]", InvalidPolicy)
+                              for i, p in enumerate(parts)))
 
     @staticmethod
     def custom(function: Callable[[int], Duration], name: str = "custom") -> Custom:
@@ -161,7 +162,7 @@ class Custom(Backoff):
 
     def nominal_ms(self, retry: int) -> int:
         _check_retry(retry)
-        return to_ms(self.function(retry), f"backoff.{self.name}({retry})")
+        return to_ms(self.function(retry), f"backoff.{self.name}({retry})", InvalidPolicy)
 
     def describe(self) -> str:
         return self.name

@@ -12,22 +12,24 @@ topic/partition/offset and attempt, so duplicates are recognisable.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from redrive import gate, kafka, topics
 from redrive import headers as h
-from redrive import kafka, topics
-from redrive import stats as group_stats
-from redrive.backend import RetryBackend, RetryTopics, Verdict
+from redrive.backends import RetryBackend, RetryTopics, Verdict
+from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError
+from redrive.kafka.admin import partition_offsets
+from redrive.kafka.ranges import PartitionRange, heads
 from redrive.metrics import Metrics
 from redrive.policy import RetryPolicy
 from redrive.record import Record
 from redrive.routing import DeadLetter, Retry, Route
+from redrive.signals import stop_on_signals
 from redrive.spark import tasks
 from redrive.spark.outcomes import PipelineStats
 
@@ -37,6 +39,8 @@ Sink = Callable[[Any, int], None] | str
 # Handler time and lateness are observed on at most this many records per batch: enough for
 # quantiles.
 _SAMPLE = 2_000
+# How long reading the heads of the retry partitions (for the gauges) may make no progress.
+_HEAD_WAIT_S = 3.0
 
 
 class RetryPipeline:
@@ -332,8 +336,7 @@ class RetryPipeline:
             log.warning("pipeline %s: could not read its retry partitions: %s", self.group, exc)
             return
         self.metrics.paused_partitions(held)
-        now = time.time() * 1000
-        self.metrics.oldest_pending_retry(0.0 if oldest is None else (now - oldest) / 1000)
+        self.metrics.oldest_pending_retry(0.0 if oldest is None else (now_ms() - oldest) / 1000)
 
     def _main(self, topic: str) -> str:
         return self._main_of.get(topic, topic)
@@ -361,23 +364,21 @@ class RetryPipeline:
         """
         query = self._query or self.start()
         self._running = True
-        previous = _install_sigterm(self._stopping)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            while query.isActive:
-                if until is not None and until(self.stats):
-                    break
-                if deadline is not None and time.monotonic() > deadline:
-                    break
-                if self._stopping.is_set():
-                    break
-                time.sleep(poll_s)
-            self._stop_between_batches(query)
+            with stop_on_signals(self._stopping.set):
+                while query.isActive:
+                    if until is not None and until(self.stats):
+                        break
+                    if deadline is not None and time.monotonic() > deadline:
+                        break
+                    if self._stopping.wait(poll_s):
+                        break
+                self._stop_between_batches(query)
             if query.exception() is not None:
                 raise query.exception()
         finally:
             self._running = False
-            _restore_sigterm(previous)
         return self.stats
 
     def stop(self) -> None:
@@ -396,24 +397,24 @@ class RetryPipeline:
 
 def waiting_retries(connection: kafka.Connection, plans: Mapping[str, topics.TopicPlan],
                     group: str) -> tuple[int, int | None]:
-    """How many retry partitions wait at a record not yet due, and the oldest waiting timestamp."""
-    admin = kafka.admin(connection)
-    counts = kafka.topic_partitions(admin)
-    retry = {name for plan in plans.values() for name in plan.retry_topic_names if name in counts}
+    """How many retry partitions wait at a record not yet due, and the oldest waiting timestamp:
+    the record at the group's committed offset of each retry partition."""
+    counts = kafka.topic_partitions(kafka.admin(connection))
+    retry = [(name, p) for plan in plans.values() for name in plan.retry_topic_names
+             if name in counts for p in range(counts[name])]
     if not retry:
         return 0, None
-    layout = group_stats.Roles(next(iter(plans)), tuple(sorted(retry)), None)
+    at = now_ms()
     consumer = kafka.consumer(connection, group)
     try:
-        shot = group_stats.snapshot(consumer, layout, counts)
+        offsets = partition_offsets(consumer, retry)
     finally:
         consumer.close()
-    waiting = group_stats.Snapshot(shot.at_ms, {name: per for name, per in shot.offsets.items()
-                                                if name in retry})
-    found = group_stats.heads(connection, waiting)
-    held = sum(1 for head in found.values()
-               if head.due_ms is not None and head.due_ms > shot.at_ms)
-    oldest = min((head.timestamp_ms for head in found.values()), default=None)
+    found = heads(connection, [PartitionRange(t, p, o.resume, o.high)
+                               for (t, p), o in offsets.items()], idle_s=_HEAD_WAIT_S)
+    dues = [gate.due_of(record.headers) for record in found.values()]
+    held = sum(1 for due in dues if due is not None and due > at)
+    oldest = min((record.timestamp_ms for record in found.values()), default=None)
     return held, oldest
 
 
@@ -451,19 +452,3 @@ def _routed_schema() -> Any:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(tasks.ROUTED_SCHEMA)
-
-
-def _on_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-def _install_sigterm(flag: threading.Event) -> Any:
-    if not _on_main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, lambda *_: flag.set())
-
-
-def _restore_sigterm(previous: Any) -> None:
-    if previous is not None and _on_main_thread():
-        signal.signal(signal.SIGTERM, previous)
-

@@ -18,12 +18,13 @@ import pyarrow as pa
 
 from redrive import headers as h
 from redrive import kafka
+from redrive.clock import now_ms
 from redrive.errors import MalformedHeader
 from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Route, route
-from redrive.spark import collector
+from redrive.spark.gc_pause import gc_paused
 from redrive.spark.writer import cached_producer
 from redrive.topics import partition_for
 
@@ -64,9 +65,6 @@ ROUTE_COUNTS_SCHEMA = pa.schema([
     ("count", pa.int64()),
 ])
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 # What routing reads of a failed row (see failures): the rest of a processed row (its status
@@ -207,7 +205,7 @@ def process_rows(rows: Sequence[Mapping[str, Any]], function: RecordFunction,
     for row in rows:
         record, early = admit(row, group, skip or {})
         delivery = record.delivery
-        handled = _now_ms()
+        handled = now_ms()
         took: int | None = None
         if early is None:
             started = time.perf_counter_ns()
@@ -230,7 +228,7 @@ def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, er
     admitted = [admit(row, group, skip or {}) for row in rows]
     outcomes: list[Outcome | None] = [early for _, early in admitted]
     handled_rows = [index for index, early in enumerate(outcomes) if early is None]
-    handled = _now_ms()
+    handled = now_ms()
     took: int | None = None
     if handled_rows:
         inputs = [user_input(admitted[index][0]) for index in handled_rows]
@@ -321,8 +319,8 @@ def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, gro
     """mapInArrow body over failed rows: each becomes its retry or dead-letter copy."""
     for batch in batches:
         out: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
-        now = _now_ms()
-        with collector.paused():
+        now = now_ms()
+        with gc_paused():
             for record, error in failures(batch):
                 decision, kind, reason, partition = _routed(record, error, policy, group,
                                                             partitions, now)
@@ -359,7 +357,7 @@ class RouteAndProduce:
 
         def copies() -> Iterator[kafka.OutRecord]:
             for batch in batches:
-                now = _now_ms()
+                now = now_ms()
                 for record, error in failures(batch):
                     decision, kind, reason, partition = _routed(
                         record, error, self.policy, self.group, self.partitions, now)
@@ -368,7 +366,7 @@ class RouteAndProduce:
                         yield kafka.OutRecord(decision.topic, record.value, record.key,
                                               decision.headers, partition)
 
-        with collector.paused():
+        with gc_paused():
             kafka.produce_confirmed(cached_producer(self.connection), copies(), self.timeout_s)
         yield pa.RecordBatch.from_pylist(
             [{"kind": kind, "reason": reason, "attempt": attempt, "topic": topic, "count": n}

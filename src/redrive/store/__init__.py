@@ -6,15 +6,22 @@
     Scheduler(store, bootstrap, webhook="https://ops.example/dead").run()
 """
 
-from redrive.backend import RetryBackend, RetryTopics, Verdict
 from redrive.store.backend import StoreBackend
 from redrive.store.notify import Webhook
 from redrive.store.scheduler import Pass, Scheduler
 from redrive.store.schema import PAYLOAD, REFERENCE, STATUSES
-from redrive.store.store import Filter, RetryStore, StoredRetry, StoreUnavailable
+from redrive.store.store import RetryStore, RowFilter, StoredRetry, StoreUnavailable
 
 __all__ = [
-    "PAYLOAD", "REFERENCE", "STATUSES", "Filter", "Pass", "RetryBackend", "RetryStore",
-    "RetryTopics", "Scheduler", "StoreBackend", "StoreUnavailable", "StoredRetry", "Verdict",
+    "PAYLOAD",
+    "REFERENCE",
+    "STATUSES",
+    "Pass",
+    "RetryStore",
+    "RowFilter",
+    "Scheduler",
+    "StoreBackend",
+    "StoreUnavailable",
+    "StoredRetry",
     "Webhook",
 ]

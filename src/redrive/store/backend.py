@@ -1,7 +1,7 @@
 """The store as a retry backend: failed records are kept in a RetryStore, not in retry topics.
 
 The store's scheduler republishes each when due to the topic the group reads (the original topic,
-or a configured inbox), and the runtime reports how it went (see redrive.backend for the protocol).
+or a configured inbox), and the runtime reports how it went (see redrive.backends for the protocol).
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from confluent_kafka.admin import AdminClient
 
 from redrive import headers as h
 from redrive import kafka, topics
-from redrive.backend import BoundBackend, RetryBackend, Verdict
+from redrive.backends import BoundBackend, RetryBackend, Verdict
+from redrive.clock import now_ms
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.record import Origin, Record
 from redrive.routing import DeadLetter, Retry, Route
 from redrive.store.schema import DEAD, IN_FLIGHT, MODES, PARKED, PAYLOAD, PENDING
-from redrive.store.store import Coordinates, Entry, RetryStore, StoredRetry, Success, now_ms
+from redrive.store.store import Coordinates, Entry, RetryStore, StoredRetry, Success
 
 
 @dataclass(frozen=True)

@@ -20,17 +20,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer
 
 from redrive import headers as h
 from redrive import kafka
-from redrive.errors import DeliveryFailed, InvalidArgument, RedriveError, UnknownTopic
+from redrive.clock import now_ms
+from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
+from redrive.kafka.ranges import PartitionRange, RangeReader, range_consumer
 from redrive.metrics import Metrics
 from redrive.record import Origin
 from redrive.signals import stop_on_signals
 from redrive.store.notify import DeadHook, Notifier, Webhook
 from redrive.store.schema import PAYLOAD
-from redrive.store.store import DueBatch, RetryStore, StoredRetry, now_ms
+from redrive.store.store import DueBatch, RetryStore, StoredRetry
 from redrive.topics import partition_for
 
 log = logging.getLogger("redrive.store.scheduler")
@@ -41,12 +43,8 @@ DEFAULT_BATCH = 500
 DEFAULT_IDLE_S = 0.05
 ERROR_PAUSE_S = 1.0
 ORPHAN_SWEEP_S = 30.0
-READER_OVERRIDES: Mapping[str, Any] = {
-    # An offset below the log start is an error to report, not a reason to read elsewhere.
-    "auto.offset.reset": "error",
-    "fetch.wait.max.ms": 10,
-    "enable.partition.eof": True,
-}
+# A record read back is read alone: the broker should answer at once.
+READER_OVERRIDES: Mapping[str, Any] = {"fetch.wait.max.ms": 10}
 
 
 @dataclass(frozen=True)
@@ -160,28 +158,19 @@ class Scheduler:
 
     def _read_back(self, row: StoredRetry) -> tuple[bytes | None, bytes | None,
                                                     list[tuple[str, bytes]]] | None:
-        """The record at the row's original offset, or None if Kafka no longer has it."""
+        """The record at the row's original offset, or None if Kafka no longer has it (gone by
+        retention, or compacted or aborted: then no record fills the offset). Raises
+        RangeReadFailed when it cannot be read in time."""
         reader = self._require_reader()
         low, high = kafka.watermarks(reader, row.topic, row.partition, self.timeout_s)
         if not low <= row.offset < high:
             return None
-        reader.assign([TopicPartition(row.topic, row.partition, row.offset)])
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            message = reader.poll(0.2)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() in (KafkaError._PARTITION_EOF, KafkaError.OFFSET_OUT_OF_RANGE):
-                    return None
-                raise KafkaException(error)
-            # A compacted or aborted offset is skipped: the next one comes instead.
-            if int(message.offset() or 0) != row.offset:
-                return None
+        wanted = PartitionRange(row.topic, row.partition, row.offset, row.offset + 1)
+        for chunk in RangeReader(reader, [wanted], idle_s=self.timeout_s,
+                                 skip_lost=True).chunks():
+            message = chunk.messages[0]
             return message.key(), message.value(), kafka.message_headers(message)
-        raise DeliveryFailed(row.topic, row.partition,
-                             f"offset {row.offset} not read back within {self.timeout_s}s")
+        return None
 
     def _partition_count(self, topic: str) -> int:
         if topic not in self._partitions:
@@ -249,7 +238,7 @@ class Scheduler:
 
     def _require_reader(self) -> Consumer:
         if self._reader is None:
-            self._reader = kafka.consumer(self._connection, overrides=READER_OVERRIDES)
+            self._reader = range_consumer(self._connection, READER_OVERRIDES)
         return self._reader
 
 

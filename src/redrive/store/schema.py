@@ -9,7 +9,6 @@ the live `retries` table below describes the latest shape, which later migration
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from sqlalchemy import (
     text,
 )
 
+from redrive.clock import now_ms
 from redrive.errors import RedriveError
 
 PENDING = "pending"
@@ -174,6 +174,6 @@ def migrate(conn: Connection, url: str) -> list[int]:
         migration.apply(conn)
         conn.execute(insert(versions).values(version=migration.version,
                                              description=migration.description,
-                                             applied_ms=time.time_ns() // 1_000_000))
+                                             applied_ms=now_ms()))
         applied.append(migration.version)
     return applied

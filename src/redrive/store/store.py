@@ -45,6 +45,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
+from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError
 from redrive.store import schema
 from redrive.store.schema import (
@@ -84,9 +85,6 @@ class UnknownRetry(RedriveError, LookupError):
         self.retry_id = retry_id
         super().__init__(f"no stored retry with id={retry_id}")
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def key_digest(key: bytes | None) -> str | None:
@@ -196,7 +194,7 @@ class Success:
 
 
 @dataclass(frozen=True)
-class Filter:
+class RowFilter:
     """Which rows a CLI command or query looks at; every field given narrows it."""
 
     ids: tuple[int, ...] = ()
@@ -478,7 +476,7 @@ class RetryStore:
 
     # --- inspection and operator actions -------------------------------------------------------
 
-    def find(self, where: Filter = Filter(), *, limit: int | None = 100,
+    def find(self, where: RowFilter = RowFilter(), *, limit: int | None = 100,
              at_ms: int | None = None) -> list[StoredRetry]:
         at = now_ms() if at_ms is None else at_ms
         query = select(retries).where(where.where(at)).order_by(retries.c.id).limit(limit)
@@ -486,12 +484,12 @@ class RetryStore:
             return [StoredRetry.of(r) for r in conn.execute(query)]
 
     def get(self, retry_id: int) -> StoredRetry:
-        found = self.find(Filter(ids=(retry_id,)), limit=1)
+        found = self.find(RowFilter(ids=(retry_id,)), limit=1)
         if not found:
             raise UnknownRetry(retry_id)
         return found[0]
 
-    def counts(self, where: Filter = Filter()) -> dict[str, int]:
+    def counts(self, where: RowFilter = RowFilter()) -> dict[str, int]:
         query = (select(retries.c.status, func.count()).where(where.where(now_ms()))
                  .group_by(retries.c.status))
         with self._begin(read_only=True) as conn:
@@ -504,7 +502,7 @@ class RetryStore:
             found = conn.execute(query).scalar()
         return None if found is None else int(found)
 
-    def requeue(self, where: Filter, *, due_ms: int | None = None,
+    def requeue(self, where: RowFilter, *, due_ms: int | None = None,
                 reset_attempts: bool = False) -> int:
         """Make matching dead, cancelled, pending or in-flight rows pending again, due at
         `due_ms` (now by default); return how many. Parked rows wait for their key instead."""
@@ -519,7 +517,7 @@ class RetryStore:
                                                        IN_FLIGHT))).values(**values))
             return int(result.rowcount)
 
-    def cancel(self, where: Filter) -> int:
+    def cancel(self, where: RowFilter) -> int:
         """Cancel matching active rows; records parked behind a cancelled one move up."""
         at = now_ms()
         condition = and_(where.where(at), retries.c.status.in_(ACTIVE))
@@ -532,7 +530,7 @@ class RetryStore:
             _release_keys(conn, [(g, t, k) for g, t, k in keys], at)
             return int(result.rowcount)
 
-    def purge(self, where: Filter) -> int:
+    def purge(self, where: RowFilter) -> int:
         """Delete matching rows that are finished (succeeded, dead or cancelled)."""
         active = [s for s in where.statuses if s not in FINAL]
         if active:

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from redrive import headers as h
 from redrive.consumer import RetryingConsumer
-from redrive.devbroker import free_port
+from redrive.dev.ports import free_port
 from redrive.policy import Backoff, InPlace, RetryPolicy
 from redrive.record import Record
 

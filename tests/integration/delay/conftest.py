@@ -13,6 +13,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from redrive import headers as h
 from redrive import kafka
+from redrive.clock import now_ms
 from redrive.delay import DelayService, Tiers
 
 # Short tiers keep the suite fast; the smallest is the documented lateness bound.
@@ -26,9 +27,6 @@ SERVICE_LATENCY_MS = 250
 def tiers(unique_name: Callable[..., str]) -> Tiers:
     return Tiers.of(TEST_TIERS, prefix=f"{unique_name('delay')}.delay")
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def warm_producer(bootstrap: str, scratch_topic: str) -> Producer:

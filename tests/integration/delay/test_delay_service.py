@@ -141,7 +141,7 @@ def test_at_least_once_mode_forwards_without_transactions(
 
 def service_process(bootstrap: str, tiers: Tiers, group: str, instance: str,
                     log: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "redrive.delay", "run", "--bootstrap", bootstrap,
+    command = [sys.executable, "-m", "redrive", "delay", "run", "--bootstrap", bootstrap,
                "--tiers", ",".join(f"{t.delay_ms}ms" for t in tiers.tiers),
                "--prefix", tiers.prefix, "--group", group, "--instance-id", instance,
                "--partitions", "3"]

@@ -10,7 +10,7 @@ from click.testing import CliRunner, Result
 
 from redrive import kafka
 from redrive.cli import _Group
-from redrive.ops_cli import dlt, stats_command
+from redrive.cli.ops import dlt, stats_command
 
 ROOT = _Group("redrive", commands={"dlt": dlt, "stats": stats_command})
 

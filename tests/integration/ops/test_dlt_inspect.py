@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from redrive import headers as h
 from redrive.consumer import RetryingConsumer
-from redrive.devbroker import free_port
+from redrive.dev.ports import free_port
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 from redrive.consumer import RetryingConsumer
-from redrive.devbroker import free_port
+from redrive.dev.ports import free_port
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 

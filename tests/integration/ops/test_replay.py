@@ -11,11 +11,11 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from redrive import headers as h
 from redrive import kafka, topics
 from redrive.consumer import RetryingConsumer
-from redrive.deadletters import make_filter
 from redrive.metrics import Metrics
+from redrive.ops.deadletters import make_filter
+from redrive.ops.replay import REPLAY_LOG, TO_ORIGINAL, read_log, replay
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
-from redrive.replay import REPLAY_LOG, TO_ORIGINAL, read_log, replay
 
 from ..consumer.conftest import FAST_GROUP, Handled, Running, read_all, wait_until
 from .conftest import produce_records, run_cli, topic_sizes

@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 from click.testing import Result
 
-from redrive import kafka, stats, topics
+from redrive import kafka, topics
 from redrive.consumer import RetryingConsumer
+from redrive.ops import stats
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 

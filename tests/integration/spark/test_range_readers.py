@@ -1,7 +1,7 @@
-"""The three readers of a partition range - the fetch-protocol one (redrive._fetchread), the C one
-over librdkafka (redrive._rangeread) and the confluent-kafka loop - give the same Arrow batches on
-the same records, and fail alike. No Spark needed: executors call read_range, and so do these
-tests."""
+"""The three readers of a partition range - the fetch-protocol one (redrive.spark._fetchread),
+the C one over librdkafka (redrive.spark._rangeread) and the confluent-kafka loop - give the same
+Arrow batches on the same records, and fail alike. No Spark needed: executors call read_range, and
+so do these tests."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from redrive import kafka
-from redrive.spark.source import (
-    KafkaRange,
-    KafkaReadFailed,
+from redrive.kafka.ranges import RangeReadFailed
+from redrive.spark.options import (
     SourceOptionError,
     SourceOptions,
     fetch_reader_built,
     native_reader_built,
-    read_range,
 )
+from redrive.spark.readers import KafkaRange, read_range
 
 from .conftest import produce_transactions
 
@@ -75,9 +74,9 @@ def test_the_fetch_reader_is_left_out_where_it_cannot_serve_the_settings() -> No
 
 def test_both_readers_give_the_same_batches(bootstrap: str, new_topic: Any,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from redrive.spark import source
+    from redrive.spark import readers
 
-    monkeypatch.setattr(source, "ARROW_BATCH_ROWS", 1_000)  # a range spans several batches
+    monkeypatch.setattr(readers, "ARROW_BATCH_ROWS", 1_000)  # a range spans several batches
     topic = new_topic(2)
     # Recent create times: records older than the topic's retention (7 days by default) are
     # deleted by the broker, and a read of them then fails as it should.
@@ -119,12 +118,12 @@ def test_the_c_readers_end_a_batch_at_its_byte_bound(bootstrap: str, new_topic: 
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      reader: str) -> None:
     # (The confluent-kafka loop checks the bound only between consume() calls.)
-    from redrive.spark import source
+    from redrive.spark import readers
 
     topic = new_topic(1)
     kafka.produce_confirmed(kafka.producer(bootstrap), [
         kafka.OutRecord(topic, bytes([i]) * 100_000) for i in range(30)])
-    monkeypatch.setattr(source, "ARROW_BATCH_BYTES", 1_000_000)
+    monkeypatch.setattr(readers, "ARROW_BATCH_BYTES", 1_000_000)
     batches = list(read_range(options(bootstrap, topic, reader), KafkaRange(topic, 0, 0, 30)))
     assert [b.num_rows for b in batches] == [10, 10, 10]
     assert [bytes(v) for b in batches for v in b.column("value").to_pylist()] == \
@@ -159,7 +158,7 @@ def test_aborted_transactions_are_left_out_alike(bootstrap: str, new_topic: Any,
     produce_transactions(bootstrap, topic, unique_name("tx-b"),
                          [(["b0"], True), (["b1", "b2", "b3"], False), (["b4"], True)])
     end = kafka.watermarks(kafka.consumer(bootstrap), topic, 0)[1]
-    with caplog.at_level(logging.INFO, logger="redrive.spark.source"):
+    with caplog.at_level(logging.INFO, logger="redrive.spark.readers"):
         tables = {reader: read(bootstrap, KafkaRange(topic, 0, 0, end), reader,
                                **{"kafka.isolation.level": isolation,
                                   "kafkaConsumer.pollTimeoutMs": "10000"})
@@ -182,7 +181,7 @@ def test_the_fetch_reader_hands_a_compressed_batch_to_the_client_library(
                             [kafka.OutRecord(topic, b"plain%d" % i) for i in range(50)])
     kafka.produce_confirmed(kafka.producer(bootstrap, overrides={"compression.type": codec}),
                             [kafka.OutRecord(topic, b"packed%d" % i) for i in range(50)])
-    with caplog.at_level(logging.INFO, logger="redrive.spark.source"):
+    with caplog.at_level(logging.INFO, logger="redrive.spark.readers"):
         fetched = read(bootstrap, KafkaRange(topic, 0, 3, 100), "fetch")
     assert fetched.column("offset").to_pylist() == list(range(3, 100))
     assert fetched.equals(read(bootstrap, KafkaRange(topic, 0, 3, 100), "python"))
@@ -199,7 +198,7 @@ def test_the_fetch_reader_finds_the_leader_and_skips_a_dead_bootstrap_server(
     kafka.produce_confirmed(kafka.producer(bootstrap),
                             [kafka.OutRecord(topic, b"v%d" % i) for i in range(20)])
     port = bootstrap.rsplit(":", 1)[1]
-    with caplog.at_level(logging.INFO, logger="redrive.spark.source"):
+    with caplog.at_level(logging.INFO, logger="redrive.spark.readers"):
         table = read(f"{closed_address()},localhost:{port}", KafkaRange(topic, 0, 0, 20),
                      "fetch")
     assert table.column("value").to_pylist() == [b"v%d" % i for i in range(20)]
@@ -211,7 +210,7 @@ def test_a_range_past_the_end_fails_naming_the_offset(bootstrap: str, new_topic:
                                                       reader: str) -> None:
     topic = new_topic(1)
     kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(topic, b"only")])
-    with pytest.raises(KafkaReadFailed, match=r"stuck at offset 1 for 1\.0s"):
+    with pytest.raises(RangeReadFailed, match=r"stuck at offset 1 for 1\.0s"):
         list(read_range(options(bootstrap, topic, reader,
                                 **{"kafkaConsumer.pollTimeoutMs": "1000"}),
                         KafkaRange(topic, 0, 0, 5)))
@@ -221,7 +220,7 @@ def test_a_range_past_the_end_fails_naming_the_offset(bootstrap: str, new_topic:
 def test_a_broker_gone_under_a_read_is_named_in_its_error(reader: str) -> None:
     # The driver planned the range; by the time the executor reads it no broker answers.
     address = closed_address()
-    with pytest.raises(KafkaReadFailed) as failed:
+    with pytest.raises(RangeReadFailed) as failed:
         list(read_range(options(address, "gone", reader,
                                 **{"kafkaConsumer.pollTimeoutMs": "2000"}),
                         KafkaRange("gone", 0, 0, 5)))
@@ -241,7 +240,7 @@ def test_records_deleted_under_a_read_fail_it_rather_than_being_skipped(
     admin = kafka.admin(bootstrap)  # kept: the futures need their client alive
     for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
         future.result(30)
-    with pytest.raises(KafkaReadFailed, match="offsets 0 to 3 are gone from the broker"):
+    with pytest.raises(RangeReadFailed, match="offsets 0 to 3 are gone from the broker"):
         list(read_range(options(bootstrap, topic, reader), KafkaRange(topic, 0, 0, 10)))
     # With failOnDataLoss=false the read goes on from what is left, as Spark's source does.
     kept = read(bootstrap, KafkaRange(topic, 0, 0, 10), reader, failOnDataLoss="false")

@@ -28,12 +28,9 @@ from pyspark.sql.types import (
 
 from redrive import headers, kafka
 from redrive.spark import source
-from redrive.spark.source import (
-    KafkaStreamReader,
-    SourceOptions,
-    offsets_to_json,
-    rate_limit,
-)
+from redrive.spark.options import SourceOptions
+from redrive.spark.planning import offsets_to_json, rate_limit
+from redrive.spark.source import KafkaStreamReader
 
 from .conftest import produce_transactions
 
@@ -413,16 +410,16 @@ def _reader(bootstrap: str, topic: str, **extra: str) -> KafkaStreamReader:
 
 @pytest.fixture
 def counted_scans(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    from redrive.spark import source
+    from redrive.spark import planning
 
     calls: list[int] = []
-    original = source._Broker.scan
+    original = planning.Broker.scan
 
     def scan(self: Any, tp: Any, scan_state: Any, target: int, now_ms: int) -> None:
         calls.append(scan_state.clear_to)
         original(self, tp, scan_state, target, now_ms)
 
-    monkeypatch.setattr(source._Broker, "scan", scan)
+    monkeypatch.setattr(planning.Broker, "scan", scan)
     yield calls
 
 
@@ -431,7 +428,7 @@ def test_gate_scan_reads_each_record_once(bootstrap: str, new_topic: Any,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     topic = new_topic(1)
     clock = [int(time.time() * 1000)]
-    monkeypatch.setattr(source, "_now_ms", lambda: clock[0])
+    monkeypatch.setattr(source, "now_ms", lambda: clock[0])
     due_ms = clock[0] + 3_600_000
     held = [(headers.DUE, str(due_ms).encode())]
     records = [kafka.OutRecord(topic, b"due") for _ in range(5)]

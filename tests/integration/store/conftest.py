@@ -19,11 +19,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from redrive.clock import now_ms
+from redrive.dev.postgres import DevPostgres
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler
-from redrive.store.devpostgres import DevPostgres
 from redrive.store.schema import PENDING
-from redrive.store.store import Entry, now_ms
+from redrive.store.store import Entry
 
 from ..background import Background, Runnable
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from redrive.store import Filter, RetryStore
-from redrive.store.command import store_command
+from redrive.cli.store import store_command
+from redrive.store import RetryStore, RowFilter
 from redrive.store.schema import CANCELLED, DEAD, PARKED, PENDING
 
 from .conftest import entry
@@ -37,7 +37,7 @@ def test_ls_and_show_print_tables(store: RetryStore) -> None:
     code, out = invoke(store, "ls", "--error-type", "PaymentDown")
     assert code == 0 and "1 row(s): 1 dead" in out and "cust-1" in out
 
-    row = store.find(Filter(topic="orders", group="billing"))[0]
+    row = store.find(RowFilter(topic="orders", group="billing"))[0]
     code, out = invoke(store, "show", str(row.id))
     assert code == 0, out
     assert "orders[0]@1" in out and "app.PaymentDown" in out and "trace-id" in out
@@ -51,19 +51,19 @@ def test_requeue_and_cancel_from_the_cli(store: RetryStore) -> None:
     code, out = invoke(store, "requeue", "--group", "billing", "--topic", "orders",
                        "--reset-attempts")
     assert (code, out.strip()) == (0, "requeued 2 row(s)")
-    requeued = store.find(Filter(group="billing", topic="orders"))
+    requeued = store.find(RowFilter(group="billing", topic="orders"))
     assert [(r.status, r.attempt, r.reason) for r in requeued] == [(PENDING, 0, None)] * 2
-    assert store.get(store.find(Filter(topic="refunds"))[0].id).status == DEAD
+    assert store.get(store.find(RowFilter(topic="refunds"))[0].id).status == DEAD
 
     code, out = invoke(store, "requeue", "--status", "dead", "--in", "10m")
     assert (code, out.strip()) == (0, "requeued 1 row(s)")
-    assert store.find(Filter(topic="refunds"))[0].due_ms > requeued[0].due_ms + 500_000
+    assert store.find(RowFilter(topic="refunds"))[0].due_ms > requeued[0].due_ms + 500_000
 
     head = store.find_record("shipping", "orders", 0, 4)
     assert head is not None
     code, out = invoke(store, "cancel", str(head.id))
     assert (code, out.strip()) == (0, "cancelled 1 row(s)")
-    statuses = {r.offset: r.status for r in store.find(Filter(group="shipping"))}
+    statuses = {r.offset: r.status for r in store.find(RowFilter(group="shipping"))}
     assert statuses == {4: CANCELLED, 5: PENDING}  # the parked record moved up
 
     code, out = invoke(store, "purge", "--group", "shipping")

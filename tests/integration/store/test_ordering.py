@@ -15,7 +15,7 @@ from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, StoreBackend
 from redrive.store.schema import DEAD
-from redrive.store.store import Filter
+from redrive.store.store import RowFilter
 
 from ..consumer.conftest import FAST_GROUP, produce, wait_until
 from .conftest import Background, scheduler
@@ -57,7 +57,7 @@ def test_each_key_succeeds_in_offset_order_under_random_failures(
         dying = sum(1 for _, fails in records if fails >= 3)
 
         def settled() -> bool:
-            dead = store.counts(Filter(group=group)).get(DEAD, 0)
+            dead = store.counts(RowFilter(group=group)).get(DEAD, 0)
             with lock:
                 return len(successes) + dead == len(records)
 
@@ -65,7 +65,7 @@ def test_each_key_succeeds_in_offset_order_under_random_failures(
     finally:
         for run in runs:
             run.stop()
-    assert store.counts(Filter(group=group)).get(DEAD, 0) == dying
+    assert store.counts(RowFilter(group=group)).get(DEAD, 0) == dying
     by_key: dict[bytes, list[int]] = defaultdict(list)
     for record_key, offset in successes:
         by_key[record_key].append(offset)

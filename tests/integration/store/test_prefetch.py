@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy import event, update
 
-from redrive.backend import BoundBackend, Verdict
+from redrive.backends import BoundBackend, Verdict
+from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Delivery, Origin, Record
@@ -27,7 +28,7 @@ from redrive.store.schema import (
     SUCCEEDED,
     retries,
 )
-from redrive.store.store import Filter, Success, now_ms
+from redrive.store.store import RowFilter, Success
 
 from ..consumer.conftest import FAST_GROUP, produce, wait_until
 from .conftest import Background, entry, scheduler
@@ -83,7 +84,7 @@ def test_bulk_lookups_answer_as_the_single_ones(store: RetryStore,
         conn.execute(update(retries).where(retries.c.partition == 0, retries.c.offset == 1)
                      .values(status=SUCCEEDED))
     store.write([], [Success(GROUP, TOPIC, 0, 5, 1, b"p0-k5")])
-    store.cancel(Filter(ids=(store.find_record(GROUP, TOPIC, 1, 6).id,)))  # type: ignore[union-attr]
+    store.cancel(RowFilter(ids=(store.find_record(GROUP, TOPIC, 1, 6).id,)))  # type: ignore[union-attr]
     with store.take_due(1) as due:  # one row in flight
         due.mark_in_flight([due.rows[0].id], now_ms())
     # Small chunks, so that the lookups below span several statements and a partition's
@@ -175,7 +176,7 @@ def test_a_prefetch_lasts_one_batch(store: RetryStore) -> None:
     assert bound.admit(copy(1, 1)) is Verdict.PROCESS
     bound.succeeded(copy(1, 1))
     bound.flush()
-    store.cancel(Filter(ids=(store.find_record(GROUP, TOPIC, 0, 40).id,)))  # type: ignore[union-attr]
+    store.cancel(RowFilter(ids=(store.find_record(GROUP, TOPIC, 0, 40).id,)))  # type: ignore[union-attr]
     # The next batch finds the row succeeded and the key quiet, not what the last one read.
     assert bound.admit(copy(1, 1)) is Verdict.DUPLICATE
     assert bound.admit(fresh(60, b"busy")) is Verdict.PROCESS
@@ -249,7 +250,7 @@ def test_the_consumer_prefetches_every_record_it_admits(
                                 retry_backend=StoreBackend(store, ordering=True))
     runs = [Background(consumer), Background(scheduler(store, bootstrap))]
     try:
-        wait_until(lambda: store.counts(Filter(group=group)).get(SUCCEEDED, 0) == 7, 60,
+        wait_until(lambda: store.counts(RowFilter(group=group)).get(SUCCEEDED, 0) == 7, 60,
                    "every failed record retried")
     finally:
         for run in runs:

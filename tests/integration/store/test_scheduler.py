@@ -15,13 +15,14 @@ from confluent_kafka import TopicPartition
 
 from redrive import headers as h
 from redrive import kafka
+from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
 from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry
 from redrive.store.schema import DEAD, PENDING, REFERENCE, SUCCEEDED
-from redrive.store.store import DueBatch, Filter, now_ms
+from redrive.store.store import DueBatch, RowFilter
 from redrive.topics import plan
 
 from ..consumer.conftest import FAST_GROUP, produce, read_all, topic_size, wait_until
@@ -72,7 +73,7 @@ def test_failures_wait_in_the_store_and_come_back_when_due(
             assert record.delivery.group == group
             assert record.delivery.original is not None
             assert record.delivery.original.topic == topic
-    dead = store.find(Filter(statuses=(DEAD,)))[0]
+    dead = store.find(RowFilter(statuses=(DEAD,)))[0]
     assert (dead.attempt, dead.reason, dead.mode) == (3, "exhausted", mode)
     assert dead.error_type is not None and dead.error_type.endswith("Transient")
     assert (dead.value is None) == (mode == REFERENCE)
@@ -204,7 +205,7 @@ def test_a_reference_gone_by_retention_dies_as_expired_and_is_notified(
     assert (done.published, done.expired, done.notified) == (2, 2, 2)
     assert runner.metrics.value("redrive_dead_lettered_total", topic=topic,
                                 reason="expired") == 2
-    rows = {r.offset: r for r in store.find(Filter(group=group))}
+    rows = {r.offset: r for r in store.find(RowFilter(group=group))}
     assert [rows[o].reason for o in range(4)] == ["expired", "expired", None, None]
     assert [rows[o].status for o in range(4)] == [DEAD, DEAD, "in-flight", "in-flight"]
     assert sorted(r.offset for r in dead) == [0, 1]
@@ -265,7 +266,7 @@ def test_every_dead_record_is_notified_once_by_hook_and_webhook(
     assert len(hooked) == 4 and len(set(hooked)) == 3  # the failed pass's call, then one each
 
     # A requeued record that dies again is a new death, notified again.
-    store.requeue(Filter(group=group, statuses=(DEAD,), ids=(hooked[-1],)))
+    store.requeue(RowFilter(group=group, statuses=(DEAD,), ids=(hooked[-1],)))
     store.write([entry(group, topic, received[-1]["offset"], status=DEAD, reason="exhausted",
                        attempt=5)], [])
     assert again.run_once().notified == 1
@@ -297,7 +298,7 @@ def test_a_row_whose_destination_is_gone_dies_without_blocking_the_others(
     runner = scheduler(store, bootstrap)
     done = runner.run_once()
     assert done.published == 1
-    rows = {r.topic: r for r in store.find(Filter(group=group))}
+    rows = {r.topic: r for r in store.find(RowFilter(group=group))}
     assert (rows[missing].status, rows[missing].reason) == (DEAD, "unknown-topic")
     assert missing in (rows[missing].error_message or "")
     assert rows[topic].status == "in-flight"

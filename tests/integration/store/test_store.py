@@ -8,8 +8,9 @@ import threading
 import pytest
 from sqlalchemy import update
 
+from redrive.clock import now_ms
 from redrive.errors import InvalidArgument
-from redrive.store import Filter, RetryStore
+from redrive.store import RetryStore, RowFilter
 from redrive.store.schema import (
     CANCELLED,
     DEAD,
@@ -21,7 +22,7 @@ from redrive.store.schema import (
     SchemaTooNew,
     versions,
 )
-from redrive.store.store import Success, now_ms
+from redrive.store.store import Success
 
 from .conftest import entry
 
@@ -64,7 +65,7 @@ def test_writes_only_move_forward(store: RetryStore) -> None:
     store.write([entry("g", "t", 5, attempt=2, due_ms=123)], [])
     # A replayed, older failure (a consumer that crashed before committing) changes nothing.
     store.write([entry("g", "t", 5, attempt=1, due_ms=999)], [])
-    row = store.find(Filter(group="g"))[0]
+    row = store.find(RowFilter(group="g"))[0]
     assert (row.attempt, row.due_ms, row.status) == (2, 123, PENDING)
     assert row.headers == [("trace-id", b"t-5")] and row.value == b"v"
 
@@ -83,17 +84,17 @@ def test_parked_records_are_released_one_at_a_time_in_offset_order(store: RetryS
     store.write([entry("g", "t", 1, key=b"k")], [])
     assert store.key_active("g", "t", b"k") and not store.key_active("g", "t", b"other")
     store.write([entry("g", "t", o, key=b"k", status=PARKED, attempt=0) for o in (3, 2)], [])
-    status = {r.offset: r.status for r in store.find(Filter(group="g"))}
+    status = {r.offset: r.status for r in store.find(RowFilter(group="g"))}
     assert status == {1: PENDING, 2: PARKED, 3: PARKED}
 
     store.write([], [Success("g", "t", 0, 1, 1, b"k")])
-    status = {r.offset: r.status for r in store.find(Filter(group="g"))}
+    status = {r.offset: r.status for r in store.find(RowFilter(group="g"))}
     assert status == {1: SUCCEEDED, 2: PENDING, 3: PARKED}
 
     # The released head dies: the next one moves up.
     store.write([entry("g", "t", 2, key=b"k", status=DEAD, attempt=1, reason="exhausted",
                        ordered=True)], [])
-    status = {r.offset: r.status for r in store.find(Filter(group="g"))}
+    status = {r.offset: r.status for r in store.find(RowFilter(group="g"))}
     assert status == {1: SUCCEEDED, 2: DEAD, 3: PENDING}
 
     # A record parked after its key went quiet is due at once instead.
@@ -107,12 +108,12 @@ def test_cancelling_a_head_releases_the_next_and_purge_keeps_active_rows(
         store: RetryStore) -> None:
     store.write([entry("g", "t", 1, key=b"k")], [])
     store.write([entry("g", "t", 2, key=b"k", status=PARKED, attempt=0)], [])
-    assert store.cancel(Filter(ids=(store.find_record("g", "t", 0, 1).id,))) == 1  # type: ignore[union-attr]
+    assert store.cancel(RowFilter(ids=(store.find_record("g", "t", 0, 1).id,))) == 1  # type: ignore[union-attr]
     assert {r.offset: r.status for r in store.find()} == {1: CANCELLED, 2: PENDING}
-    assert store.purge(Filter(group="g")) == 1  # only the cancelled one
+    assert store.purge(RowFilter(group="g")) == 1  # only the cancelled one
     assert [r.offset for r in store.find()] == [2]
     with pytest.raises(InvalidArgument, match="invalid status='pending'"):
-        store.purge(Filter(statuses=(PENDING,)))
+        store.purge(RowFilter(statuses=(PENDING,)))
 
 
 def test_filters_requeue_and_release_of_orphans(store: RetryStore) -> None:
@@ -122,14 +123,14 @@ def test_filters_requeue_and_release_of_orphans(store: RetryStore) -> None:
                  entry("g2", "a", 3)], [], at_ms=old)
     store.write([entry("g1", "a", 4, status=DEAD, reason="not-retryable",
                        error_type="x.Timeout")], [])
-    assert [r.offset for r in store.find(Filter(error_type="Timeout"))] == [1, 4]
-    assert [r.offset for r in store.find(Filter(older_than_ms=60_000))] == [1, 2, 3]
-    assert [r.offset for r in store.find(Filter(newer_than_ms=60_000))] == [4]
-    assert store.counts(Filter(group="g1")) == {DEAD: 3}
+    assert [r.offset for r in store.find(RowFilter(error_type="Timeout"))] == [1, 4]
+    assert [r.offset for r in store.find(RowFilter(older_than_ms=60_000))] == [1, 2, 3]
+    assert [r.offset for r in store.find(RowFilter(newer_than_ms=60_000))] == [4]
+    assert store.counts(RowFilter(group="g1")) == {DEAD: 3}
 
-    assert store.requeue(Filter(group="g1", topic="a", statuses=(DEAD,)),
+    assert store.requeue(RowFilter(group="g1", topic="a", statuses=(DEAD,)),
                          reset_attempts=True) == 2
-    requeued = store.find(Filter(group="g1", topic="a"))
+    requeued = store.find(RowFilter(group="g1", topic="a"))
     assert [(r.status, r.attempt, r.reason) for r in requeued] == [(PENDING, 0, None)] * 2
 
     # A head deleted by hand would strand its parked followers; the sweep releases them.
@@ -140,7 +141,7 @@ def test_filters_requeue_and_release_of_orphans(store: RetryStore) -> None:
         conn.execute(update(retries).where(retries.c.offset.in_((7, 8)))
                      .values(status=PARKED))
     assert store.release_orphans() == 1
-    assert [r.status for r in store.find(Filter(group="g3"))] == [PENDING, PARKED]
+    assert [r.status for r in store.find(RowFilter(group="g3"))] == [PENDING, PARKED]
 
 
 def test_due_rows_are_taken_once_and_a_failed_block_leaves_them_due(store: RetryStore) -> None:
@@ -160,6 +161,6 @@ def test_bad_arguments_name_field_and_value(tmp_path: object) -> None:
     with pytest.raises(InvalidArgument, match="invalid url='mysql://x/y'"):
         RetryStore("mysql://x/y")
     with pytest.raises(InvalidArgument, match="invalid status='lost'"):
-        Filter(statuses=("lost",))
+        RowFilter(statuses=("lost",))
     with pytest.raises(InvalidArgument, match="invalid mode='copy'"):
         entry("g", "t", 1, mode="copy")

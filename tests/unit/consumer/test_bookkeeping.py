@@ -1,37 +1,17 @@
-"""The consumer's pure bookkeeping: holds, in-place budgets, batch offsets, argument checks."""
+"""The consumer's pure bookkeeping: in-place budgets, batch offsets, argument checks."""
 
 from __future__ import annotations
 
 import pytest
 
-from redrive.consumer import InvalidSetting, RetryingConsumer
+from redrive.consumer import RetryingConsumer
 from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.in_place import InPlaceRetries
-from redrive.consumer.pauses import Hold, Holds, Why
+from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.routing import DeadLetter
 
 A, B = ("orders", 0), ("orders.g.retry.5s", 1)
-
-
-def test_holds_release_when_due_and_bound_the_poll_wait() -> None:
-    holds = Holds()
-    assert holds.wait_s(1_000, 0.1) == 0.1
-    holds.hold(A, Hold(7, 1_050, Why.DUE, 900))
-    holds.hold(B, Hold(3, 2_000, Why.IN_PLACE, 950))
-    assert holds.wait_s(1_000, 0.1) == pytest.approx(0.05)
-    assert holds.wait_s(1_060, 0.1) == 0.0
-    assert holds.oldest_age_s(1_000) == pytest.approx(0.1)  # only DUE holds count
-    assert holds.release_due(1_049) == []
-    assert holds.release_due(1_050) == [A]
-    assert A not in holds and B in holds and len(holds) == 1
-
-
-def test_holds_dropped_on_revoke_report_what_was_held() -> None:
-    holds = Holds()
-    holds.hold(A, Hold(7, 5_000, Why.DUE, 0))
-    assert holds.drop([A, B]) == [A]
-    assert len(holds) == 0
 
 
 def test_in_place_budget_counts_per_record_and_resets_on_a_new_offset() -> None:
@@ -70,7 +50,7 @@ def test_bad_arguments_name_the_field_and_value(field: str, kwargs: dict[str, ob
                                                 value: object) -> None:
     args: dict[str, object] = {"connection": "localhost:9", "topics": "orders", "group": "g",
                                "policy": RetryPolicy(), "handler": print, **kwargs}
-    with pytest.raises(InvalidSetting) as caught:
+    with pytest.raises(InvalidArgument) as caught:
         RetryingConsumer(**args)  # type: ignore[arg-type]
     assert caught.value.field == field and caught.value.value == value
     assert f"invalid {field}={value!r}" in str(caught.value)

@@ -11,7 +11,7 @@ from typing import Any
 from redrive import headers as h
 from redrive.consumer import RetryingConsumer
 from redrive.consumer.batch import Copy
-from redrive.consumer.pipeline import Pending, Pipeline
+from redrive.consumer.commits import CommitPipeline, Pending
 from redrive.errors import DeliveryFailed
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Origin, Record
@@ -24,7 +24,7 @@ COPY = Copy(None, DeadLetter(None, [], "exhausted", 3, 0), "orders")
 
 
 def test_acknowledged_batches_commit_in_order_and_wait_for_earlier_ones() -> None:
-    pipeline = Pipeline()
+    pipeline = CommitPipeline()
     first, second = Pending({A: 10}, {A: 0}, [COPY]), Pending({A: 20, B: 5}, {A: 10, B: 0})
     first.sent()
     pipeline.add(first)
@@ -37,7 +37,7 @@ def test_acknowledged_batches_commit_in_order_and_wait_for_earlier_ones() -> Non
 
 
 def test_a_failed_delivery_drops_its_batch_and_all_later_ones_and_says_where_to_rewind() -> None:
-    pipeline = Pipeline()
+    pipeline = CommitPipeline()
     ok, failed, later = (Pending({A: 10}, {A: 0}), Pending({A: 20}, {A: 10}),
                          Pending({A: 30, B: 7}, {A: 20, B: 3}))
     for pending in (ok, failed, later):
@@ -55,7 +55,7 @@ def test_a_failed_delivery_drops_its_batch_and_all_later_ones_and_says_where_to_
 
 
 def test_unconfirmed_past_the_timeout_counts_as_failed() -> None:
-    pipeline = Pipeline()
+    pipeline = CommitPipeline()
     pending = Pending({A: 10}, {A: 4}, since=100.0)
     pending.sent()
     pipeline.add(pending)
@@ -67,7 +67,7 @@ def test_unconfirmed_past_the_timeout_counts_as_failed() -> None:
 
 
 def test_lost_partitions_are_not_committed() -> None:
-    pipeline = Pipeline()
+    pipeline = CommitPipeline()
     pipeline.add(Pending({A: 10, B: 3}, {A: 0, B: 0}))
     assert pipeline.settle(exclude=[B]).commit == {A: 10}
 

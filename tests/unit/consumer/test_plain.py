@@ -1,5 +1,6 @@
-"""handle_plain, the consumer's loop over headerless records: the C version (redrive._plainrun)
-and the Python reference give the same results, records and errors on the same messages."""
+"""handle_plain, the consumer's loop over headerless records: the C version
+(redrive.consumer._plainrun) and the Python reference give the same results, records and errors on
+the same messages."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from redrive import _plainrun
+from redrive.consumer import _plainrun
 from redrive.consumer.plain import PlainRun, handle_plain, handle_plain_python
 from redrive.record import NO_HISTORY, Record
 

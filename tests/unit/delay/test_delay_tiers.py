@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from redrive import gate
 from redrive.delay.schedule import check_target, due_ms_of
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
-from redrive.errors import InvalidPolicy
+from redrive.errors import InvalidArgument
 
 tier_sets = st.lists(st.integers(min_value=1, max_value=4_000_000), min_size=1, max_size=6,
                      unique=True).map(Tiers.of)
@@ -113,18 +113,18 @@ def test_default_tiers_and_topic_names() -> None:
 ])
 def test_bad_tiers_name_the_field_and_value(durations: list[str], field: str,
                                             fragment: str) -> None:
-    with pytest.raises(InvalidPolicy) as caught:
+    with pytest.raises(InvalidArgument) as caught:
         Tiers.of(durations)
     assert caught.value.field == field
     assert fragment in str(caught.value)
 
 
 def test_bad_prefix_and_unknown_tier_topic_are_named() -> None:
-    with pytest.raises(InvalidPolicy, match="'bad prefix'"):
+    with pytest.raises(InvalidArgument, match="'bad prefix'"):
         Tiers.of(["1s"], prefix="bad prefix")
-    with pytest.raises(InvalidPolicy, match="'nope'"):
+    with pytest.raises(InvalidArgument, match="'nope'"):
         DEFAULT_TIERS.by_topic("nope")
-    with pytest.raises(InvalidPolicy, match="'1s,,5s'"):
+    with pytest.raises(InvalidArgument, match="'1s,,5s'"):
         Tiers.parse("1s,,5s")
 
 
@@ -134,23 +134,23 @@ def test_due_time_from_delay_or_at() -> None:
     at = datetime(2030, 1, 1, tzinfo=UTC)
     assert due_ms_of(None, at, 0) == int(at.timestamp() * 1000)
     assert due_ms_of(None, 42, 1_000) == 42
-    with pytest.raises(InvalidPolicy, match="exactly one"):
+    with pytest.raises(InvalidArgument, match="exactly one"):
         due_ms_of("1s", 5, 0)
-    with pytest.raises(InvalidPolicy, match="exactly one"):
+    with pytest.raises(InvalidArgument, match="exactly one"):
         due_ms_of(None, None, 0)
-    with pytest.raises(InvalidPolicy, match="time zone"):
+    with pytest.raises(InvalidArgument, match="time zone"):
         due_ms_of(None, datetime(2030, 1, 1), 0)
-    with pytest.raises(InvalidPolicy, match="invalid at=-5"):
+    with pytest.raises(InvalidArgument, match="invalid at=-5"):
         due_ms_of(None, -5, 0)
-    with pytest.raises(InvalidPolicy, match="invalid delay='-1s'"):
+    with pytest.raises(InvalidArgument, match="invalid delay='-1s'"):
         due_ms_of("-1s", None, 0)
 
 
 def test_target_must_be_a_legal_topic_outside_the_service() -> None:
     assert check_target("orders", DEFAULT_TIERS) == "orders"
-    with pytest.raises(InvalidPolicy, match="own topics"):
+    with pytest.raises(InvalidArgument, match="own topics"):
         check_target("redrive.delay.1m", DEFAULT_TIERS)
-    with pytest.raises(InvalidPolicy, match="own topics"):
+    with pytest.raises(InvalidArgument, match="own topics"):
         check_target("redrive.delay.dlt", DEFAULT_TIERS)
-    with pytest.raises(InvalidPolicy, match="target_topic"):
+    with pytest.raises(InvalidArgument, match="target_topic"):
         check_target("no spaces", DEFAULT_TIERS)

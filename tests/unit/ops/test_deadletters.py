@@ -7,17 +7,15 @@ import json
 import pytest
 
 from redrive import headers as h
-from redrive.deadletters import (
+from redrive.errors import InvalidArgument
+from redrive.ops.deadletters import (
+    DeadLetterFilter,
     DeadLetterRecord,
-    Filter,
-    detail,
-    format_age,
     make_filter,
     parse_coordinates,
     parse_time,
-    summary_row,
 )
-from redrive.errors import InvalidArgument
+from redrive.record import Record
 
 NOW = 1_800_000_000_000
 
@@ -30,8 +28,8 @@ def redrive_letter(offset: int = 7, *, key: bytes | None = b"k1", reason: str = 
                (h.ORIGINAL_OFFSET, b"41"), (h.ERROR_TYPE, error_type.encode()),
                (h.ERROR_MESSAGE, b"upstream\ntimed out"), (h.ERROR_TRACE, b"Traceback\n  line 1"),
                (h.REASON, reason.encode()), *(extra or [])]
-    return DeadLetterRecord.decode("orders.billing.dlt", 2, offset, timestamp_ms, key, b"{}",
-                                   headers)
+    return DeadLetterRecord.of(Record("orders.billing.dlt", 2, offset, timestamp_ms, key, b"{}",
+                                      headers))
 
 
 def test_redrive_letter_is_decoded() -> None:
@@ -39,30 +37,19 @@ def test_redrive_letter_is_decoded() -> None:
     assert record.problem is None
     assert (record.system, record.reason, record.error_type) == \
         ("redrive", "exhausted", "shop.errors.Timeout")
-    row = summary_row(record, NOW)
-    assert row == ["2:7", "k1", "1m30s", "exhausted", "redrive", "shop.errors.Timeout",
-                   "upstream timed out", 3, "orders[2]@41"]
+    assert record.to_json(NOW)["original"] == {"topic": "orders", "partition": 2, "offset": 41,
+                                               "timestamp_ms": None}
 
 
 def test_unreadable_redrive_headers_are_flagged_not_raised() -> None:
-    record = DeadLetterRecord.decode("x.dlt", 0, 3, NOW, None, b"v",
-                                     [(h.REASON, b"exhausted"), (h.ATTEMPT, b"three")])
+    record = DeadLetterRecord.of(Record("x.dlt", 0, 3, NOW, None, b"v",
+                                        [(h.REASON, b"exhausted"), (h.ATTEMPT, b"three")]))
     assert record.info is None
     assert record.problem is not None and "redrive-attempt" in record.problem
-    row = summary_row(record, NOW)
-    assert row[3] == "UNREADABLE"
-    assert "redrive-attempt" in str(row[6])
-    text = detail(record, NOW)
-    assert "UNREADABLE" in text and "redrive-attempt: three" in text
     assert record.to_json(NOW)["problem"] == record.problem
 
 
-def test_detail_shows_every_header_and_the_trace() -> None:
-    text = detail(redrive_letter(), NOW)
-    assert "trace-id: abc" in text
-    assert "original:   orders 2:41" in text
-    assert text.rstrip().endswith("line 1")
-    assert "trace:" in text
+def test_full_json_has_every_header_and_the_trace() -> None:
     full = redrive_letter().to_json(NOW, full=True)
     assert ["trace-id", "abc"] in full["headers"]
     assert full["error_trace"] == "Traceback\n  line 1"
@@ -70,28 +57,29 @@ def test_detail_shows_every_header_and_the_trace() -> None:
 
 
 def test_non_utf8_bytes_are_shown_escaped() -> None:
-    record = DeadLetterRecord.decode("t", 0, 0, NOW, b"\xff\x00", b"\xfe", [("bin", b"\x80")])
+    record = DeadLetterRecord.of(Record("t", 0, 0, NOW, b"\xff\x00", b"\xfe",
+                                        [("bin", b"\x80")]))
     shown = record.to_json(NOW, full=True)
     assert shown["key"] == "\\xff\x00"
     assert shown["headers"] == [["bin", "\\x80"]]
 
 
 @pytest.mark.parametrize(("selection", "expected"), [
-    (Filter(), [1, 2, 3, 4]),
-    (Filter(reasons=frozenset({"not-retryable"})), [2]),
-    (Filter(error_types=frozenset({"Timeout"})), [1, 3, 4]),
-    (Filter(error_types=frozenset({"shop.errors.Timeout"})), [1, 3, 4]),
-    (Filter(error_types=frozenset({"errors.Timeout"})), []),
-    (Filter(keys=frozenset({"k2"})), [2]),
-    (Filter(headers=(("tenant", "acme"),)), [3]),
-    (Filter(headers=(("tenant", "acme"), ("trace-id", "abc"))), [3]),
-    (Filter(since_ms=NOW - 60_000), [3, 4]),
-    (Filter(until_ms=NOW - 60_000), [1, 2]),
-    (Filter(partitions=frozenset({2}), coordinates=frozenset({(2, 4)})), [4]),
-    (Filter(reasons=frozenset({"exhausted"}), since_ms=NOW - 60_000,
+    (DeadLetterFilter(), [1, 2, 3, 4]),
+    (DeadLetterFilter(reasons=frozenset({"not-retryable"})), [2]),
+    (DeadLetterFilter(error_types=frozenset({"Timeout"})), [1, 3, 4]),
+    (DeadLetterFilter(error_types=frozenset({"shop.errors.Timeout"})), [1, 3, 4]),
+    (DeadLetterFilter(error_types=frozenset({"errors.Timeout"})), []),
+    (DeadLetterFilter(keys=frozenset({"k2"})), [2]),
+    (DeadLetterFilter(headers=(("tenant", "acme"),)), [3]),
+    (DeadLetterFilter(headers=(("tenant", "acme"), ("trace-id", "abc"))), [3]),
+    (DeadLetterFilter(since_ms=NOW - 60_000), [3, 4]),
+    (DeadLetterFilter(until_ms=NOW - 60_000), [1, 2]),
+    (DeadLetterFilter(partitions=frozenset({2}), coordinates=frozenset({(2, 4)})), [4]),
+    (DeadLetterFilter(reasons=frozenset({"exhausted"}), since_ms=NOW - 60_000,
             headers=(("tenant", "acme"),)), [3]),
 ])
-def test_filters(selection: Filter, expected: list[int]) -> None:
+def test_filters(selection: DeadLetterFilter, expected: list[int]) -> None:
     records = [
         redrive_letter(1, timestamp_ms=NOW - 120_000),
         redrive_letter(2, key=b"k2", reason="not-retryable", error_type="ValueError",
@@ -99,7 +87,7 @@ def test_filters(selection: Filter, expected: list[int]) -> None:
         redrive_letter(3, timestamp_ms=NOW - 30_000, extra=[("tenant", b"acme")]),
         redrive_letter(4, timestamp_ms=NOW - 10_000, extra=[("tenant", b"other")]),
     ]
-    assert [r.offset for r in records if selection.matches(r)] == expected
+    assert [r.record.offset for r in records if selection.matches(r)] == expected
 
 
 def test_make_filter_parses_what_users_type() -> None:
@@ -137,19 +125,14 @@ def test_coordinates() -> None:
             parse_coordinates(bad)
 
 
-def test_ages() -> None:
-    assert [format_age(ms) for ms in (250, 5_000, 61_000, 7_260_000, 90_000_000)] == \
-        ["250ms", "5s", "1m01s", "2h01m", "1d01h"]
-
-
 @pytest.mark.parametrize(("selection", "partition", "expected"), [
-    (Filter(), 0, (5, 20)),
-    (Filter(partitions=frozenset({1})), 0, None),
-    (Filter(coordinates=frozenset({(0, 9), (0, 12), (1, 3)})), 0, (9, 13)),
-    (Filter(coordinates=frozenset({(1, 3)})), 0, None),
-    (Filter(coordinates=frozenset({(0, 2)})), 0, None),  # gone by retention: below the start
-    (Filter(coordinates=frozenset({(0, 4), (0, 30)})), 0, (5, 20)),
+    (DeadLetterFilter(), 0, (5, 20)),
+    (DeadLetterFilter(partitions=frozenset({1})), 0, None),
+    (DeadLetterFilter(coordinates=frozenset({(0, 9), (0, 12), (1, 3)})), 0, (9, 13)),
+    (DeadLetterFilter(coordinates=frozenset({(1, 3)})), 0, None),
+    (DeadLetterFilter(coordinates=frozenset({(0, 2)})), 0, None),  # below the start: gone
+    (DeadLetterFilter(coordinates=frozenset({(0, 4), (0, 30)})), 0, (5, 20)),
 ])
 def test_named_records_are_read_from_their_own_offsets(
-        selection: Filter, partition: int, expected: tuple[int, int] | None) -> None:
+        selection: DeadLetterFilter, partition: int, expected: tuple[int, int] | None) -> None:
     assert selection.offsets(partition, 5, 20) == expected

@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 
 from redrive import headers as h
-from redrive.deadletters import DeadLetterRecord
 from redrive.errors import InvalidArgument
-from redrive.replay import TO_ORIGINAL, TO_RETRY, Target, log_key, parse_rate, prepare_copy
+from redrive.ops.deadletters import DeadLetterRecord
+from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, Target, log_key, parse_rate, prepare_copy
+from redrive.record import Record
 
 COUNTS = {"orders": 3, "orders.billing.retry.5s": 3, "small.retry": 1}
 
 
 def letter(headers: list[tuple[str, bytes]]) -> DeadLetterRecord:
-    return DeadLetterRecord.decode("orders.billing.dlt", 2, 9, 1, b"k", b"v", headers)
+    return DeadLetterRecord.of(Record("orders.billing.dlt", 2, 9, 1, b"k", b"v", headers))
 
 
 REDRIVE = [("trace-id", b"abc"), (h.ATTEMPT, b"3"), (h.GROUP, b"billing"),

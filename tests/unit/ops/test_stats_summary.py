@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import pytest
 
+from redrive.cli.ops import stats_rows
 from redrive.errors import UnknownTopic
-from redrive.policy import Backoff, RetryPolicy
-from redrive.stats import (
+from redrive.kafka.admin import PartitionOffsets
+from redrive.ops.stats import (
     DEAD_LETTER,
     MAIN,
     RETRY,
     Head,
-    Offsets,
     Roles,
     Snapshot,
     discover_retry_topics,
     roles,
-    rows,
     summarize,
 )
+from redrive.policy import Backoff, RetryPolicy
 
 
 def test_discovery_orders_by_delay_or_attempt_and_ignores_other_groups() -> None:
@@ -42,14 +42,14 @@ def test_roles_from_the_cluster_or_the_policy() -> None:
 def test_summary_counts_waiting_lag_and_window() -> None:
     layout = Roles("m", ("m.g.retry.1s",), "m.g.dlt")
     before = Snapshot(1_000, {
-        "m": {0: Offsets(0, 10, 4), 1: Offsets(5, 8, None)},
-        "m.g.retry.1s": {0: Offsets(0, 3, 1)},
-        "m.g.dlt": {0: Offsets(2, 6, None)},
+        "m": {0: PartitionOffsets(0, 10, 4), 1: PartitionOffsets(5, 8, None)},
+        "m.g.retry.1s": {0: PartitionOffsets(0, 3, 1)},
+        "m.g.dlt": {0: PartitionOffsets(2, 6, None)},
     })
     after = Snapshot(3_000, {
-        "m": {0: Offsets(0, 16, 10), 1: Offsets(5, 9, None)},
-        "m.g.retry.1s": {0: Offsets(0, 5, 2)},
-        "m.g.dlt": {0: Offsets(2, 7, None)},
+        "m": {0: PartitionOffsets(0, 16, 10), 1: PartitionOffsets(5, 9, None)},
+        "m.g.retry.1s": {0: PartitionOffsets(0, 5, 2)},
+        "m.g.dlt": {0: PartitionOffsets(2, 7, None)},
     })
     heads = {("m", 0): Head(500, None), ("m", 1): Head(200, None),
              ("m.g.retry.1s", 0): Head(900, 2_500)}
@@ -59,6 +59,6 @@ def test_summary_counts_waiting_lag_and_window() -> None:
     assert (retry.role, retry.waiting, retry.lag, retry.next_due_ms) == (RETRY, 3, 3, 2_500)
     assert (retry.appended, retry.consumed) == (2, 1)
     assert (dlt.role, dlt.waiting, dlt.lag, dlt.consumed) == (DEAD_LETTER, 5, None, None)
-    table = rows([main, retry, dlt], 3_000)
+    table = stats_rows([main, retry, dlt], 3_000)
     assert table[1][5] == "500ms ago"
     assert table[2][6:] == ["0.5", "-"]

@@ -1,4 +1,4 @@
-"""redrive._fetchread against a scripted peer: the wire cases a real broker shows only in rare
+"""redrive.spark._fetchread against a scripted peer: the wire cases a real broker shows only in rare
 states. (tests/integration/spark/test_range_readers.py reads real brokers with every reader.)"""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from redrive._fetchread import FetchReader, ReadError
-from redrive.spark import native_range
+from redrive.spark import buffers
+from redrive.spark._fetchread import FetchReader, ReadError
 from redrive.spark.source import kafka_schema
 
 from .wire import Answer, Fetch, Peer, batch, record
@@ -47,7 +47,7 @@ def reader(peer: Peer, start: int, end: int, *, headers: bool = True,
 
 def table(fetch_reader: FetchReader, max_rows: int = 1_000) -> pa.Table:
     schema = to_arrow_schema(kafka_schema(True), timezone="UTC")
-    batches = list(native_range.batches(fetch_reader, TOPIC, 0, schema, max_rows=max_rows,
+    batches = list(buffers.batches(fetch_reader, TOPIC, 0, schema, max_rows=max_rows,
                                         max_bytes=1 << 30))
     return pa.Table.from_batches(batches, schema=schema)
 

@@ -11,7 +11,7 @@ import pytest
 
 from redrive import headers as h
 from redrive import kafka
-from redrive.backend import BoundBackend, RetryBackend, Verdict
+from redrive.backends import BoundBackend, RetryBackend, Verdict
 from redrive.consumer import RetryingConsumer
 from redrive.policy import RetryPolicy
 from redrive.record import Record

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from redrive import headers as h
-from redrive.consumer import InvalidSetting, RetryingConsumer
+from redrive.consumer import RetryingConsumer
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.store import RetryStore, StoreBackend, StoredRetry
 from redrive.store.notify import describe
 from redrive.store.scheduler import _fields
-from redrive.store.store import Filter, _database_url, decode_headers, encode_headers
+from redrive.store.store import RowFilter, _database_url, decode_headers, encode_headers
 
 
 def row(**overrides: object) -> StoredRetry:
@@ -65,10 +65,10 @@ def test_a_notification_names_the_record_without_its_value() -> None:
 
 
 def test_filters_know_whether_they_narrow() -> None:
-    assert not Filter().narrows
-    assert Filter(older_than_ms=0).narrows and Filter(ids=(1,)).narrows
+    assert not RowFilter().narrows
+    assert RowFilter(older_than_ms=0).narrows and RowFilter(ids=(1,)).narrows
     with pytest.raises(InvalidArgument, match="invalid older_than_ms=-1"):
-        Filter(older_than_ms=-1)
+        RowFilter(older_than_ms=-1)
 
 
 def test_backend_and_consumer_settings_are_checked(tmp_path: Path) -> None:
@@ -81,10 +81,10 @@ def test_backend_and_consumer_settings_are_checked(tmp_path: Path) -> None:
         StoreBackend(store, policies={"orders": 3})  # type: ignore[dict-item]
     with pytest.raises(InvalidArgument, match=r"invalid store='x\.db'"):
         StoreBackend("x.db")  # type: ignore[arg-type]
-    with pytest.raises(InvalidSetting, match="invalid transactional=True"):
+    with pytest.raises(InvalidArgument, match="invalid transactional=True"):
         RetryingConsumer("127.0.0.1:1", "orders", "g", RetryPolicy(), print,
                          transactional=True, retry_backend=StoreBackend(store))
-    with pytest.raises(InvalidSetting, match="invalid retry_backend='topics'"):
+    with pytest.raises(InvalidArgument, match="invalid retry_backend='topics'"):
         RetryingConsumer("127.0.0.1:1", "orders", "g", RetryPolicy(), print,
                          retry_backend="topics")  # type: ignore[arg-type]
     store.close()

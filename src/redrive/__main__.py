@@ -1,0 +1,5 @@
+"""`python -m redrive ...`, the same as the `redrive` command."""
+
+from redrive.cli import main
+
+main()

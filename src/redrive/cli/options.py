@@ -1,0 +1,93 @@
+"""Options and option types the commands share: the broker, librdkafka settings, a retry policy.
+
+The retry and dead-letter topic names derive from the policy (see `redrive.topics.plan`), so
+`topics plan|create`, `dlt replay` and `stats` must read a policy from the same options to agree
+on the names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from redrive.policy import Backoff, Naming, RetryPolicy
+
+Decorated = TypeVar("Decorated", bound=Callable[..., Any])
+
+
+def with_options(options: Sequence[Callable[[Decorated], Decorated]]) -> Callable[
+        [Decorated], Decorated]:
+    """One decorator applying `options` in the order listed (as they show in --help)."""
+    def apply(function: Decorated) -> Decorated:
+        for option in reversed(options):
+            function = option(function)
+        return function
+    return apply
+
+
+bootstrap_option = click.option("--bootstrap", "-b", required=True, envvar="REDRIVE_BOOTSTRAP",
+                                help="Kafka bootstrap servers (host:port).")
+metrics_port_option = click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+                                   help="Serve Prometheus metrics on this port.")
+
+
+class Setting(click.ParamType):  # type: ignore[type-arg]
+    """A librdkafka setting written KEY=VALUE."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, str]:
+        if isinstance(value, tuple):
+            return value
+        name, sep, setting = str(value).partition("=")
+        if not sep or not name.strip():
+            self.fail(f"{value!r}: expected KEY=VALUE", param, ctx)
+        return name.strip(), setting
+
+
+SETTING = Setting()
+
+
+def settings(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Repeated KEY=VALUE options as a config mapping; a later KEY wins."""
+    return dict(pairs)
+
+
+_POLICY_OPTIONS = (
+    click.option("--backoff", default=None,
+                 help='Fixed delay ("5s") or a sequence ("5m,5m,30m,30m,30m,1h").'),
+    click.option("--exponential", default=None, metavar="INITIAL",
+                 help="Exponential backoff starting at INITIAL (e.g. 1s)."),
+    click.option("--multiplier", default=2.0, show_default=True, type=float),
+    click.option("--max-delay", default=None, help="Cap for exponential delays."),
+    click.option("--attempts", type=int, default=None,
+                 help="Deliveries in all, the first included (a sequence implies it)."),
+    click.option("--naming", type=click.Choice([n.value for n in Naming]),
+                 default=Naming.PER_DELAY.value, show_default=True),
+    click.option("--no-dlt", is_flag=True, help="Plan no dead-letter topic."),
+)
+
+
+def policy_options(function: Decorated) -> Decorated:
+    """Add the policy options; the command gets them as the arguments of `policy_from_options`."""
+    return with_options(_POLICY_OPTIONS)(function)
+
+
+def policy_from_options(*, backoff: str | None, exponential: str | None, multiplier: float,
+                        max_delay: str | None, attempts: int | None, naming: str,
+                        no_dlt: bool) -> RetryPolicy:
+    """The policy the options describe: fixed 1s delays unless --backoff or --exponential.
+
+    An invalid value raises InvalidPolicy, naming the field and the value.
+    """
+    if backoff is not None and exponential is not None:
+        raise click.UsageError("give either --backoff or --exponential, not both")
+    if exponential is not None:
+        schedule: Backoff = Backoff.exponential(exponential, multiplier, max_delay)
+    else:
+        schedule = Backoff.parse(backoff or "1s")
+    return RetryPolicy(backoff=schedule, attempts=attempts, naming=naming,
+                       dead_letter=not no_dlt)

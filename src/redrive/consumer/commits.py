@@ -1,0 +1,119 @@
+"""Copies confirmed in the background, offsets committed strictly in batch order.
+
+After a batch is handled, its retry and dead-letter copies are produced without waiting, and the
+batch waits here with the offsets it may commit while the runtime goes on with the next batch. The
+offsets of a batch are handed out for commit only once its copies, and those of every earlier
+batch, are acknowledged by the broker: commits move forward in batch order on every partition and
+never past a record whose copy is not acknowledged.
+
+When a delivery fails (or stays unconfirmed past the timeout), the first unconfirmed batch and
+every later one are dropped without being committed, and `settle` says where to seek each of their
+partitions back to: the earliest record any of them holds there. Their records are handled again
+(at-least-once; copies already written may be written twice, never lost).
+
+Pure: no clients, no clock of its own, so the rules are unit-tested on their own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redrive.consumer.batch import Copy
+from redrive.consumer.pauses import TopicPartition
+from redrive.errors import DeliveryFailed
+
+
+@dataclass(eq=False)
+class Pending:
+    """One handled batch whose offsets wait for its copies to be acknowledged."""
+
+    offsets: dict[TopicPartition, int]  # what to commit: the next offset per partition
+    first: dict[TopicPartition, int]  # the batch's first record per partition (for a rewind)
+    copies: list[Copy] = field(default_factory=list)
+    since: float = 0.0  # when its copies were produced (monotonic seconds), for the timeout
+    waiting: int = 0  # copies produced and not yet reported on
+    error: DeliveryFailed | None = None
+
+    def sent(self) -> None:
+        self.waiting += 1
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        """The producer's delivery report for one of this batch's copies."""
+        self.waiting -= 1
+        if err is not None and self.error is None:
+            self.error = DeliveryFailed(str(msg.topic()), msg.partition(), err.str())
+
+    def expire(self, timeout_s: float) -> None:
+        if self.waiting > 0 and self.error is None:
+            self.error = DeliveryFailed(_topic_of(self.copies), None,
+                                        f"{self.waiting} record(s) unconfirmed after "
+                                        f"{timeout_s}s")
+
+
+@dataclass
+class Settled:
+    commit: dict[TopicPartition, int] = field(default_factory=dict)  # safe to commit now
+    confirmed: list[Copy] = field(default_factory=list)  # copies acknowledged, to count
+    rewind: dict[TopicPartition, int] = field(default_factory=dict)  # seek back after a failure
+    error: DeliveryFailed | None = None
+
+
+class CommitPipeline:
+    def __init__(self) -> None:
+        self._pending: deque[Pending] = deque()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def add(self, pending: Pending) -> None:
+        self._pending.append(pending)
+
+    @property
+    def head(self) -> Pending | None:
+        return self._pending[0] if self._pending else None
+
+    def expire(self, now_s: float, timeout_s: float) -> None:
+        """Fail the oldest batch if its copies are still unconfirmed `timeout_s` after sending."""
+        head = self.head
+        if head is not None and head.waiting > 0 and now_s - head.since >= timeout_s:
+            head.expire(timeout_s)
+
+    def expire_all(self, timeout_s: float) -> None:
+        """Fail every batch still waiting (after a flush that timed out)."""
+        for pending in self._pending:
+            pending.expire(timeout_s)
+
+    def settle(self, exclude: Iterable[TopicPartition] = ()) -> Settled:
+        """Take the acknowledged batches from the front, in order, and a failed one with all
+        behind it. Offsets of `exclude`d partitions (lost ones) are not handed out for commit."""
+        settled = Settled()
+        pending = self._pending
+        while pending:
+            head = pending[0]
+            if head.error is not None:
+                settled.error = head.error
+                for dropped in pending:
+                    for tp, offset in dropped.first.items():
+                        settled.rewind.setdefault(tp, offset)
+                pending.clear()
+                break
+            if head.waiting > 0:
+                break
+            pending.popleft()
+            settled.commit.update(head.offsets)
+            settled.confirmed.extend(head.copies)
+        skip = set(exclude)
+        if skip:
+            settled.commit = {tp: o for tp, o in settled.commit.items() if tp not in skip}
+        return settled
+
+
+def _topic_of(copies: Iterable[Copy]) -> str:
+    return next((c.record.topic for c in copies if c.record is not None), "<unconfirmed>")
+

@@ -1,0 +1,113 @@
+"""Cluster metadata and topic administration, each failure naming the bootstrap address."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from redrive.errors import BrokerUnavailable, UnknownTopic
+from redrive.kafka.config import Admin, Connection, admin
+from redrive.kafka.records import PartitionKey
+
+
+def topic_partitions(admin_: AdminClient, timeout_s: float = 10.0) -> dict[str, int]:
+    """Every topic on the cluster with its partition count; raises BrokerUnavailable."""
+    try:
+        metadata = admin_.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise BrokerUnavailable(_bootstrap(admin_), str(exc.args[0])) from exc
+    return {name: len(topic.partitions) for name, topic in metadata.topics.items()
+            if topic.error is None}
+
+
+def partition_count(admin_: AdminClient, topic: str, timeout_s: float = 10.0) -> int:
+    counts = topic_partitions(admin_, timeout_s)
+    if topic not in counts:
+        raise UnknownTopic(topic)
+    return counts[topic]
+
+
+def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
+                  replication_factor: int = -1, config: Mapping[str, str] | None = None,
+                  timeout_s: float = 30.0) -> list[str]:
+    """Create topics that do not exist yet; return the names created. Existing ones are left."""
+    if not topics:
+        return []
+    new = [NewTopic(name, num_partitions=count, replication_factor=replication_factor,
+                    config=dict(config or {})) for name, count in topics.items()]
+    futures = admin_.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s)
+    created: list[str] = []
+    for name, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+            created.append(name)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise
+    return created
+
+
+def delete_topics(admin_: AdminClient, topics: Sequence[str], *,
+                  timeout_s: float = 30.0) -> None:
+    """Delete topics and wait until the broker has; raises KafkaException naming a failure."""
+    if not topics:
+        return
+    futures = admin_.delete_topics(list(topics), operation_timeout=timeout_s,
+                                   request_timeout=timeout_s)
+    for future in futures.values():
+        future.result(timeout=timeout_s)
+
+
+def watermarks(consumer_: Consumer, topic: str, partition: int,
+               timeout_s: float = 10.0) -> tuple[int, int]:
+    """The partition's first offset and its end (the next offset to be written)."""
+    low, high = consumer_.get_watermark_offsets(TopicPartition(topic, partition),
+                                                timeout=timeout_s)
+    return int(low), int(high)
+
+
+def check_reachable(connection: Connection, timeout_s: float = 5.0) -> None:
+    """Raise BrokerUnavailable with the bootstrap address if no broker answers in time."""
+    topic_partitions(admin(connection), timeout_s)
+
+
+def _bootstrap(admin_: AdminClient) -> str:
+    return admin_.bootstrap if isinstance(admin_, Admin) else "the configured bootstrap.servers"
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """A partition's first and end offsets, and what a group committed there (None: nothing)."""
+
+    low: int
+    high: int
+    committed: int | None
+
+    @property
+    def resume(self) -> int:
+        """Where the group reads on: its committed offset, or the first offset when it committed
+        nothing or what it committed is gone."""
+        return self.low if self.committed is None else max(self.low, self.committed)
+
+
+def partition_offsets(group_consumer: Consumer, tps: Sequence[PartitionKey],
+                      timeout_s: float = 10.0) -> dict[PartitionKey, PartitionOffsets]:
+    """Offsets of each partition, with the committed ones of `group_consumer`'s group (the
+    consumer is only asked: it never subscribes, so never joins the group)."""
+    if not tps:
+        return {}
+    committed = {(str(tp.topic), int(tp.partition)): int(tp.offset)
+                 for tp in group_consumer.committed([TopicPartition(t, p) for t, p in tps],
+                                                    timeout=timeout_s)}
+    offsets: dict[PartitionKey, PartitionOffsets] = {}
+    for tp in tps:
+        low, high = watermarks(group_consumer, tp[0], tp[1], timeout_s)
+        mark = committed.get(tp, -1)
+        offsets[tp] = PartitionOffsets(low, high, mark if mark >= 0 else None)
+    return offsets

@@ -1,0 +1,88 @@
+"""Client configs and clients: the one place in redrive that builds a librdkafka config.
+
+Callers pass either a bootstrap address or a mapping of librdkafka settings (the user's own, such
+as security settings), plus overrides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+
+from redrive.errors import BrokerUnavailable
+
+ClientConfig = dict[str, Any]
+Connection = str | Mapping[str, Any]
+
+PRODUCER_DEFAULTS: Mapping[str, Any] = {
+    # Retry and dead-letter copies must not be duplicated or reordered by producer retries.
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 5,
+}
+CONSUMER_DEFAULTS: Mapping[str, Any] = {
+    # redrive commits only what it finished or routed, never on a timer.
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "earliest",
+    "isolation.level": "read_committed",
+}
+
+
+def client_config(connection: Connection,
+                  overrides: Mapping[str, Any] | None = None) -> ClientConfig:
+    """A librdkafka config from a bootstrap address or a user config, with overrides on top."""
+    if isinstance(connection, str):
+        config: ClientConfig = {"bootstrap.servers": connection}
+    else:
+        config = dict(connection)
+    if not config.get("bootstrap.servers"):
+        raise BrokerUnavailable(str(config.get("bootstrap.servers", "")),
+                                "bootstrap.servers is not set")
+    config.update(overrides or {})
+    return config
+
+
+def producer_config(connection: Connection, *, transactional_id: str | None = None,
+                    overrides: Mapping[str, Any] | None = None) -> ClientConfig:
+    config = client_config(connection, {**PRODUCER_DEFAULTS, **(overrides or {})})
+    if transactional_id is not None:
+        config["transactional.id"] = transactional_id
+    return config
+
+
+def consumer_config(connection: Connection, group_id: str | None = None,
+                    overrides: Mapping[str, Any] | None = None) -> ClientConfig:
+    config = client_config(connection, {**CONSUMER_DEFAULTS, **(overrides or {})})
+    if group_id is not None:
+        config["group.id"] = group_id
+    elif "group.id" not in config:
+        # librdkafka needs a group id even for assign-only consumers that never commit.
+        config["group.id"] = "redrive-unused"
+    return config
+
+
+def producer(connection: Connection, *, transactional_id: str | None = None,
+             overrides: Mapping[str, Any] | None = None) -> Producer:
+    return Producer(producer_config(connection, transactional_id=transactional_id,
+                                    overrides=overrides))
+
+
+def consumer(connection: Connection, group_id: str | None = None,
+             overrides: Mapping[str, Any] | None = None) -> Consumer:
+    return Consumer(consumer_config(connection, group_id, overrides))
+
+
+class Admin(AdminClient):
+    """An AdminClient that remembers its bootstrap address, so errors can name it."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        super().__init__(config)
+        self.bootstrap = str(config["bootstrap.servers"])
+
+
+def admin(connection: Connection, overrides: Mapping[str, Any] | None = None) -> Admin:
+    return Admin(client_config(connection, overrides))

@@ -1,0 +1,94 @@
+"""Holding a partition at a record until a time: pause, seek back, resume when due.
+
+A partition is held when the record at its head must wait: a retry copy or a delayed record that
+is not due yet, or a record waiting for its next in-place attempt. The partition is paused and
+sought back to that record, so the records fetched behind it are dropped and fetched again after
+the resume; `poll()` keeps running meanwhile, so the member stays in its group and the other
+partitions go on. The consumer runtime and the delay service both hold partitions here.
+
+A hold lives in this process only: when a partition is revoked or lost its hold is released (and
+the partition resumed, since librdkafka keeps a partition's pause flag across unassign and assign),
+and the partition's next owner reads it again from the committed offset.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import TopicPartition
+
+from redrive.kafka.records import PartitionKey
+
+
+class Pausable(Protocol):
+    """What holding needs of a consumer (confluent_kafka.Consumer has it)."""
+
+    def pause(self, partitions: list[TopicPartition]) -> None: ...
+
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
+
+    def seek(self, partition: TopicPartition) -> None: ...
+
+
+class Why(enum.Enum):
+    DUE = "due"  # the head is a record whose due time is still ahead
+    IN_PLACE = "in-place"  # the head failed and waits for its next in-place attempt
+
+
+@dataclass(frozen=True)
+class Hold:
+    offset: int  # the record the partition was sought back to
+    until_ms: int  # resume at or after this local-clock time
+    why: Why
+    since_ms: int  # when the held record was written (its timestamp), for the age gauge
+
+
+class Holds:
+    """The held partitions of one consumer."""
+
+    def __init__(self) -> None:
+        self._holds: dict[PartitionKey, Hold] = {}
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self._holds
+
+    def __len__(self) -> int:
+        return len(self._holds)
+
+    def hold(self, consumer: Pausable, tp: PartitionKey, hold: Hold) -> None:
+        """Pause `tp` and seek it back to `hold.offset` until `hold.until_ms`."""
+        position = TopicPartition(tp[0], tp[1], hold.offset)
+        consumer.pause([position])
+        consumer.seek(position)
+        self._holds[tp] = hold
+
+    def release_due(self, consumer: Pausable, now_ms: int) -> list[PartitionKey]:
+        """Resume and forget every partition whose hold has run out at `now_ms`."""
+        due = [tp for tp, hold in self._holds.items() if hold.until_ms <= now_ms]
+        return self.release(consumer, due)
+
+    def release(self, consumer: Pausable, tps: Iterable[PartitionKey]) -> list[PartitionKey]:
+        """Resume and forget the holds of these partitions (due, rewound, revoked or lost);
+        return those that were held."""
+        held = [tp for tp in tps if tp in self._holds]
+        for tp in held:
+            del self._holds[tp]
+        if held:
+            consumer.resume([TopicPartition(topic, partition) for topic, partition in held])
+        return held
+
+    def wait_s(self, now_ms: int, longest_s: float) -> float:
+        """How long poll() may block: until the next hold runs out, at most `longest_s`."""
+        if not self._holds:
+            return longest_s
+        soonest = min(hold.until_ms for hold in self._holds.values())
+        return max(0.0, min(longest_s, (soonest - now_ms) / 1000.0))
+
+    def oldest_age_s(self, now_ms: int) -> float:
+        """Age of the oldest record held until it is due (0 when none is); records held for an
+        in-place retry are not pending retries."""
+        ages = [now_ms - hold.since_ms for hold in self._holds.values() if hold.why is Why.DUE]
+        return max(0.0, max(ages) / 1000.0) if ages else 0.0

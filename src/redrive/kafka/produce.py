@@ -1,0 +1,65 @@
+"""Producing: queue a record without failing on a full queue, or produce and wait for the acks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from redrive.errors import DeliveryFailed
+from redrive.kafka.records import Delivered, OutRecord
+
+
+def produce(producer_: Producer, record: OutRecord,
+            on_delivery: Any = None) -> None:
+    """Queue one record, waiting for queue space instead of failing when the local queue is full."""
+    kwargs: dict[str, Any] = {"value": record.value, "key": record.key,
+                              "headers": list(record.headers)}
+    if record.partition is not None and record.partition >= 0:
+        kwargs["partition"] = record.partition
+    if record.timestamp_ms is not None:
+        kwargs["timestamp"] = record.timestamp_ms
+    if on_delivery is not None:
+        kwargs["on_delivery"] = on_delivery
+    while True:
+        try:
+            producer_.produce(record.topic, **kwargs)
+            return
+        except BufferError:
+            producer_.poll(0.05)
+
+
+def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
+                      timeout_s: float = 30.0) -> list[Delivered]:
+    """Produce records and return only once the broker acknowledged every one of them.
+
+    Raises DeliveryFailed naming the first failed record's topic and partition if any delivery
+    failed or was still unconfirmed at the timeout; the caller must then not commit past them.
+    """
+    results: list[Delivered | None] = []
+    failures: list[DeliveryFailed] = []
+
+    def callback_for(index: int, topic: str) -> Any:
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failures.append(DeliveryFailed(topic, msg.partition(), err.str()))
+            else:
+                results[index] = Delivered(str(msg.topic()), int(msg.partition() or 0),
+                                           int(msg.offset() or 0))
+        return on_delivery
+
+    for index, record in enumerate(records):
+        results.append(None)
+        produce(producer_, record, callback_for(index, record.topic))
+    remaining = producer_.flush(timeout_s)
+    if failures:
+        raise failures[0]
+    if remaining > 0 or any(result is None for result in results):
+        raise DeliveryFailed(_first_topic(results), None,
+                             f"{remaining} record(s) unconfirmed after {timeout_s}s")
+    return [result for result in results if result is not None]
+
+
+def _first_topic(results: Sequence[Delivered | None]) -> str:
+    return next((r.topic for r in results if r is not None), "<unconfirmed>")

@@ -1,0 +1,191 @@
+"""Produce records and commit consumed offsets in one Kafka transaction, one place for all of it.
+
+The consumer runtime (copies and offsets of a batch), the delay service (forwarded records and
+offsets of a poll) and replay (copies and their log entries) each run their transactions here, so
+that each failure is handled one way:
+
+- an error the transaction can be aborted after: it is aborted, nothing of it becomes visible to
+  read_committed readers, and `TransactionAborted` tells the caller to rewind and try again;
+- a retriable error while committing: the commit is tried again, as librdkafka asks;
+- a fatal error (the producer's idempotence state is lost, as after a broker restart:
+  OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID): the producer cannot go on, so a new one is
+  made with the same transactional id. Its initialisation fences the old epoch and aborts what
+  the old producer left open, and the caller gets `TransactionAborted` as above. This is what
+  Kafka Streams does; without it one broker restart would end a transactional runtime;
+- fencing (another producer started with the same transactional id: a newer instance of the
+  same service): making a new producer would fence that one in turn, so `ProducerFenced` is
+  raised and the caller stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from redrive.errors import DeliveryFailed, RedriveError
+from redrive.kafka.config import Connection, producer
+from redrive.kafka.produce import produce
+from redrive.kafka.records import OutRecord
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+ProducerFactory = Callable[..., Producer]
+
+# Error codes meaning that another producer took this transactional id over.
+_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                     KafkaError.INVALID_PRODUCER_EPOCH})
+# How often a commit that failed with a retriable error is tried again before giving up.
+_COMMIT_TRIES = 3
+
+
+class TransactionAborted(RedriveError):
+    """The transaction was aborted: nothing of it is visible; rewind and try again."""
+
+
+class ProducerFenced(RedriveError):
+    """Another producer took this transactional id over: this one must stop."""
+
+    def __init__(self, transactional_id: str, why: str) -> None:
+        self.transactional_id = transactional_id
+        super().__init__(f"transactional.id={transactional_id!r} was fenced (another instance "
+                         f"with the same id started?): {why}")
+
+
+class TransactionalProducer:
+    """A transactional producer that outlives its fatal errors.
+
+    connection / overrides: as for `kafka.producer`; `make` builds the producer from the same
+    arguments (a test passes one that fails on purpose).
+    """
+
+    def __init__(self, connection: Connection, transactional_id: str, *,
+                 overrides: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
+                 make: ProducerFactory = producer) -> None:
+        self.transactional_id = transactional_id
+        self._connection = connection
+        self._overrides = dict(overrides or {})
+        self._timeout_s = timeout_s
+        self._make = make
+        self._producer: Producer | None = None
+        self.renewed = 0  # producers made again after a fatal error
+
+    @property
+    def producer(self) -> Producer:
+        """The current producer: a new one after a fatal error."""
+        if self._producer is None:
+            raise TransactionAborted(f"the producer of transactional.id="
+                                     f"{self.transactional_id!r} is not started")
+        return self._producer
+
+    def start(self) -> None:
+        """Make the producer and initialise its transactions, which fences older producers with
+        this id and aborts what they left open. Raises ProducerFenced, or KafkaException when
+        no broker answers."""
+        candidate = self._make(self._connection, transactional_id=self.transactional_id,
+                               overrides=self._overrides)
+        try:
+            candidate.init_transactions(self._timeout_s)
+        except KafkaException as exc:
+            self._raise_if_fenced(exc)
+            raise
+        self._producer = candidate
+
+    def commit(self, records: Iterable[OutRecord], offsets: Sequence[TopicPartition] = (),
+               group_metadata: Any = None) -> None:
+        """Produce `records` and commit `offsets` for the consumer group in one transaction."""
+        def body(producer_: Producer) -> None:
+            for record in records:
+                produce(producer_, record)
+
+        self.run(body, offsets, group_metadata)
+
+    def run(self, body: Callable[[Producer], T], offsets: Sequence[TopicPartition] = (),
+            group_metadata: Any = None) -> T:
+        """One transaction: `body(producer)` produces, then `offsets` are sent for the group of
+        `group_metadata` (a consumer's consumer_group_metadata()), then it commits.
+
+        Raises TransactionAborted (nothing of it is visible; rewind and try again) or
+        ProducerFenced (stop). An exception of `body` that is not redrive's or Kafka's aborts the
+        transaction and propagates.
+        """
+        if self._producer is None:
+            self._renew("the last producer could not be started")
+        producer_ = self.producer
+        try:
+            producer_.begin_transaction()
+            result = body(producer_)
+            if offsets:
+                producer_.send_offsets_to_transaction(list(offsets), group_metadata,
+                                                      self._timeout_s)
+            self._commit(producer_)
+            return result
+        except KafkaException as exc:
+            self._raise_if_fenced(exc)
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.fatal():
+                self._renew(error.str())
+            else:
+                self._abort(producer_)
+            raise TransactionAborted(f"transaction of transactional.id="
+                                     f"{self.transactional_id!r} aborted: {exc.args[0]}") from exc
+        except DeliveryFailed as exc:
+            self._abort(producer_)
+            raise TransactionAborted(f"transaction of transactional.id="
+                                     f"{self.transactional_id!r} aborted: {exc}") from exc
+        except BaseException:
+            self._abort(producer_)
+            raise
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self._timeout_s)
+            self._producer = None
+
+    def _commit(self, producer_: Producer) -> None:
+        for attempt in range(1, _COMMIT_TRIES + 1):
+            try:
+                producer_.commit_transaction(self._timeout_s)
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not (isinstance(error, KafkaError) and error.retriable()) \
+                        or attempt == _COMMIT_TRIES:
+                    raise
+                log.warning("committing the transaction of %s failed (%s); trying again",
+                            self.transactional_id, error.str())
+
+    def _abort(self, producer_: Producer) -> None:
+        try:
+            producer_.abort_transaction(self._timeout_s)
+        except KafkaException as exc:
+            self._raise_if_fenced(exc)
+            error = exc.args[0]
+            # A producer that cannot even abort is replaced: its successor's start aborts what
+            # it left open.
+            self._renew(error.str() if isinstance(error, KafkaError) else str(error))
+
+    def _renew(self, why: str) -> None:
+        """Drop the producer and start a new one with the same transactional id."""
+        old, self._producer = self._producer, None
+        if old is not None:
+            log.error("transactional producer %s failed fatally (%s); starting a new one",
+                      self.transactional_id, why)
+            with contextlib.suppress(KafkaException, RuntimeError):
+                old.purge()
+        try:
+            self.start()
+        except KafkaException as exc:
+            log.error("a new producer for %s could not be started yet: %s",
+                      self.transactional_id, exc.args[0])
+            return
+        self.renewed += 1
+
+    def _raise_if_fenced(self, exc: KafkaException) -> None:
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and error.code() in _FENCED:
+            raise ProducerFenced(self.transactional_id, error.str()) from exc

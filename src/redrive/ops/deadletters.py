@@ -1,0 +1,252 @@
+"""Reading dead-letter topics: decode each record's story, and select records by what they say.
+
+A dead-letter topic may hold records written by redrive, Spring Kafka, Kafka Connect or Kafka
+Streams (`redrive.dead_letter_headers` tells them apart). A record whose redrive headers cannot be
+parsed is still listed, flagged with what is wrong, so that one bad record never hides the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from redrive import headers as h
+from redrive import kafka, topics
+from redrive.clock import now_ms
+from redrive.dead_letter_headers import DeadLetterInfo, read_dead_letter
+from redrive.errors import InvalidArgument, MalformedHeader, UnknownTopic
+from redrive.kafka.ranges import read_topic
+from redrive.kafka.records import consumed
+from redrive.policy import to_ms
+from redrive.record import Record
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    """One record of a dead-letter topic, with its decoded story (or why it has none)."""
+
+    record: Record
+    info: DeadLetterInfo | None
+    problem: str | None = None  # set when the record's redrive headers cannot be parsed
+
+    @classmethod
+    def of(cls, record: Record) -> DeadLetterRecord:
+        try:
+            return cls(record, read_dead_letter(record.headers))
+        except MalformedHeader as exc:
+            return cls(record, None, str(exc))
+
+    @property
+    def coordinates(self) -> str:
+        return f"{self.record.partition}:{self.record.offset}"
+
+    @property
+    def system(self) -> str | None:
+        return self.info.system if self.info else None
+
+    @property
+    def reason(self) -> str | None:
+        return self.info.reason if self.info else None
+
+    @property
+    def error_type(self) -> str | None:
+        return self.info.error_type if self.info else None
+
+    @property
+    def error_message(self) -> str | None:
+        return self.info.error_message if self.info else None
+
+    def age_ms(self, at_ms: int) -> int:
+        return max(0, at_ms - self.record.timestamp_ms)
+
+    def to_json(self, at_ms: int, *, full: bool = False) -> dict[str, Any]:
+        record, info = self.record, self.info
+        origin = info.original if info else None
+        out: dict[str, Any] = {
+            "topic": record.topic, "partition": record.partition, "offset": record.offset,
+            "timestamp_ms": record.timestamp_ms, "age_ms": self.age_ms(at_ms),
+            "key": text(record.key), "system": self.system, "reason": self.reason,
+            "error_type": self.error_type, "error_message": self.error_message,
+            "attempts": info.attempts if info else None, "group": info.group if info else None,
+            "original": None if origin is None else {
+                "topic": origin.topic, "partition": origin.partition, "offset": origin.offset,
+                "timestamp_ms": origin.timestamp_ms},
+            "problem": self.problem,
+        }
+        if full:
+            out["value"] = text(record.value)
+            out["headers"] = [[name, text(value)] for name, value in record.headers]
+            out["error_trace"] = info.error_trace if info else None
+        return out
+
+
+def text(raw: bytes | None) -> str | None:
+    """Bytes as text for people and JSON; bytes that are not UTF-8 are shown escaped."""
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", errors="backslashreplace")
+
+
+# --- filters ----------------------------------------------------------------------------------
+
+
+def parse_time(value: str, field_name: str, at_ms: int) -> int:
+    """Epoch ms from a duration back from `at_ms` ("2h") or an ISO time (UTC unless it says)."""
+    stripped = value.strip()
+    try:
+        return at_ms - to_ms(stripped, field_name)
+    except InvalidArgument:
+        pass
+    try:
+        moment = datetime.fromisoformat(stripped)
+    except ValueError as exc:
+        raise InvalidArgument(field_name, value, "expected a duration back from now (30m, 2h, "
+                              "1d) or an ISO time such as 2026-11-22T10:00:00Z") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def parse_header_match(value: str) -> tuple[str, str]:
+    name, sep, expected = value.partition("=")
+    if not sep or not name:
+        raise InvalidArgument("header", value, "expected NAME=VALUE")
+    return name, expected
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """Which dead-letter records to select; every given condition must hold (empty: all).
+
+    An error type matches by its full name or its last dotted part, so `TimeoutError` selects
+    `java.util.concurrent.TimeoutError` as well as Python's builtin.
+    """
+
+    reasons: frozenset[str] = frozenset()
+    error_types: frozenset[str] = frozenset()
+    since_ms: int | None = None
+    until_ms: int | None = None
+    keys: frozenset[str] = frozenset()
+    headers: tuple[tuple[str, str], ...] = ()
+    partitions: frozenset[int] = frozenset()
+    coordinates: frozenset[tuple[int, int]] = frozenset()  # (partition, offset)
+
+    def matches(self, letter: DeadLetterRecord) -> bool:
+        record = letter.record
+        if self.partitions and record.partition not in self.partitions:
+            return False
+        if self.coordinates and (record.partition, record.offset) not in self.coordinates:
+            return False
+        if self.reasons and letter.reason not in self.reasons:
+            return False
+        if self.error_types and not _type_matches(letter.error_type, self.error_types):
+            return False
+        if self.since_ms is not None and record.timestamp_ms < self.since_ms:
+            return False
+        if self.until_ms is not None and record.timestamp_ms > self.until_ms:
+            return False
+        if self.keys and text(record.key) not in self.keys:
+            return False
+        return all(text(h.last(record.headers, name)) == expected
+                   for name, expected in self.headers)
+
+    def offsets(self, partition: int, low: int, high: int) -> tuple[int, int] | None:
+        """The part [start, end) of a partition holding `low`..`high` that can match, or None.
+
+        Named records are read from their own offsets, not from the partition's start.
+        """
+        if self.partitions and partition not in self.partitions:
+            return None
+        if self.coordinates:
+            wanted = [offset for p, offset in self.coordinates if p == partition]
+            if not wanted:
+                return None
+            low, high = max(low, min(wanted)), min(high, max(wanted) + 1)
+        return (low, high) if high > low else None
+
+
+def _type_matches(error_type: str | None, wanted: frozenset[str]) -> bool:
+    if error_type is None:
+        return False
+    return error_type in wanted or error_type.rsplit(".", 1)[-1] in wanted
+
+
+def make_filter(*, reasons: Sequence[str] = (), error_types: Sequence[str] = (),
+                since: str | None = None, until: str | None = None, keys: Sequence[str] = (),
+                headers: Sequence[str] = (), partitions: Sequence[int] = (),
+                at_ms: int | None = None) -> DeadLetterFilter:
+    """A DeadLetterFilter from the values a user types (durations, ISO times, NAME=VALUE)."""
+    at = now_ms() if at_ms is None else at_ms
+    since_ms = parse_time(since, "since", at) if since is not None else None
+    until_ms = parse_time(until, "until", at) if until is not None else None
+    if since_ms is not None and until_ms is not None and since_ms > until_ms:
+        raise InvalidArgument("since", since, f"is later than until={until!r}")
+    for partition in partitions:
+        if partition < 0:
+            raise InvalidArgument("partition", partition, "must be >= 0")
+    return DeadLetterFilter(frozenset(reasons), frozenset(error_types), since_ms, until_ms,
+                  frozenset(keys), tuple(parse_header_match(m) for m in headers),
+                  frozenset(partitions))
+
+
+def parse_coordinates(value: str) -> tuple[int, int]:
+    """PARTITION:OFFSET, as `dlt ls` prints it."""
+    partition, sep, offset = value.partition(":")
+    if not sep or not partition.isdigit() or not offset.isdigit():
+        raise InvalidArgument("record", value, "expected PARTITION:OFFSET such as 0:42")
+    return int(partition), int(offset)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def dead_letter_topic(topic: str, group: str) -> str:
+    return topics.dead_letter_name(topics.check_name("topic", topic),
+                                   topics.check_name("group", group))
+
+
+@dataclass
+class Reader:
+    """Reads a dead-letter topic from its start to the end offsets seen when reading began.
+
+    Records written while reading are left for the next look, so that a busy topic still
+    gives a finite, consistent listing.
+    """
+
+    connection: kafka.Connection
+    topic: str
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    _partitions: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        counts = kafka.topic_partitions(kafka.admin(self.connection), self.timeout_s)
+        if self.topic not in counts:
+            raise UnknownTopic(self.topic)
+        self._partitions = counts[self.topic]
+
+    def records(self, selection: DeadLetterFilter | None = None) -> Iterator[DeadLetterRecord]:
+        selection = selection or DeadLetterFilter()
+        for message in read_topic(self.connection, self.topic, self._partitions,
+                                  idle_s=self.timeout_s, narrow=selection.offsets):
+            letter = DeadLetterRecord.of(consumed(message))
+            if selection.matches(letter):
+                yield letter
+
+    def one(self, partition: int, offset: int) -> DeadLetterRecord:
+        """The record at partition:offset; raises InvalidArgument if there is none."""
+        if not 0 <= partition < self._partitions:
+            raise InvalidArgument("record", f"{partition}:{offset}",
+                                  f"{self.topic} has partitions 0..{self._partitions - 1}")
+        found = list(self.records(DeadLetterFilter(partitions=frozenset({partition}),
+                                                   coordinates=frozenset({(partition, offset)}))))
+        if not found:
+            raise InvalidArgument("record", f"{partition}:{offset}",
+                                  f"{self.topic} holds no record there")
+        return found[0]

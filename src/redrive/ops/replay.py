@@ -1,0 +1,330 @@
+"""Replay dead-letter records: back into the group's first retry topic, or their original topic.
+
+    report = replay(bootstrap, "orders.billing.dlt", to_topic=first_retry_topic(policy, "orders",
+                    "billing"), group="billing", selection=make_filter(reasons=["exhausted"]))
+
+A replayed copy keeps the record's key, value and other headers; it carries a due time of now
+(so it is processed at once), the group (so other groups reading the same topic skip it), the
+original coordinates, and by default a fresh attempt count and first-failure time, so that the
+policy's attempts and deadline start over.
+
+Every replay is logged in the compacted topic `redrive.replays`, keyed by the dead-letter
+record's coordinates, with who, when, where to and how. A record that has an entry there is not
+published again, so replaying the same selection twice publishes each record once. The copies
+and their log entries are written in one Kafka transaction, so a crash leaves neither or both;
+the transactional id is per dead-letter topic, so two replays of one topic at once cannot both
+publish: the later one fences the earlier before reading the log.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from redrive import headers as h
+from redrive import kafka, topics
+from redrive.clock import now_ms
+from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
+from redrive.kafka.ranges import RangeReadFailed, read_topic
+from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
+from redrive.metrics import Metrics
+from redrive.ops.deadletters import DeadLetterFilter, DeadLetterRecord, Reader
+from redrive.policy import RetryPolicy
+
+REPLAY_LOG = "redrive.replays"
+LOG_CONFIG = {"cleanup.policy": "compact"}
+TO_RETRY = "retry"
+TO_ORIGINAL = "original"
+DEFAULT_TIMEOUT_S = 30.0
+# Copies and log entries are committed in chunks, so a long replay shows progress and a crash
+# loses at most one chunk's work (which the next run redoes, as nothing of it was committed).
+CHUNK = 100
+
+Progress = Callable[[int, int], None]  # (records just handled, records selected)
+
+
+class ReplayFailed(RedriveError):
+    """The replay could not be done safely; nothing of its unfinished part was published."""
+
+
+def first_retry_topic(policy: RetryPolicy, topic: str, group: str) -> str:
+    """The retry topic that a record's first failure in `group` goes to under `policy`."""
+    return topics.plan(policy, topic, group).retry_topic_for(1).name
+
+
+def parse_rate(value: str | float | None) -> float | None:
+    """Records per second from `50`, `50/s` or `600/m`; None means as fast as possible."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        rate = float(value)
+    else:
+        number, _, unit = value.strip().partition("/")
+        scale = {"": 1.0, "s": 1.0, "m": 1 / 60, "h": 1 / 3600}.get(unit.strip())
+        try:
+            rate = float(number) * scale if scale is not None else -1.0
+        except ValueError:
+            rate = -1.0
+    if not rate > 0:
+        raise InvalidArgument("rate", value, "expected a positive rate such as 50/s or 600/m")
+    return rate
+
+
+def default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def log_key(topic: str, partition: int, offset: int) -> str:
+    # '/' cannot occur in a topic name, so the key splits back unambiguously.
+    return f"{topic}/{partition}/{offset}"
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One published copy, as written to the replay log."""
+
+    source: tuple[str, int, int]
+    destination: tuple[str, int, int]  # topic, partition, offset of the copy
+    key: str | None
+
+
+@dataclass(frozen=True)
+class Skipped:
+    source: tuple[str, int, int]
+    why: str
+
+
+@dataclass
+class ReplayReport:
+    selected: int = 0
+    dry_run: bool = False
+    replayed: list[Replayed] = field(default_factory=list)
+    planned: list[tuple[tuple[str, int, int], str]] = field(default_factory=list)  # dry run
+    already: list[tuple[str, int, int]] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one copy goes: a topic, and the partition to keep if that topic has it."""
+
+    topic: str
+    partition: int | None
+
+
+def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None = None,
+           to: str = TO_RETRY, group: str | None = None, keep_attempts: bool = False,
+           selection: DeadLetterFilter | None = None, dry_run: bool = False,
+           rate: str | float | None = None, actor: str | None = None,
+           progress: Progress | None = None,
+           metrics: Metrics | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplayReport:
+    """Republish the dead-letter records of `dlt_topic` that `selection` matches.
+
+    to=TO_RETRY needs `to_topic`, the group's first retry topic (see `first_retry_topic`);
+    to=TO_ORIGINAL sends each record to the topic it first came from. `group` is written on the
+    copies; by default each record's own group (from its dead-letter headers) is used, and a
+    record with neither is skipped, as is one with no known original or unreadable headers.
+    `progress(n, total)` is called as records are handled.
+    """
+    if to not in (TO_RETRY, TO_ORIGINAL):
+        raise InvalidArgument("to", to, f"expected {TO_RETRY!r} or {TO_ORIGINAL!r}")
+    if to == TO_RETRY and not to_topic:
+        raise InvalidArgument("to_topic", to_topic,
+                              "replay to a retry topic needs the topic (see first_retry_topic)")
+    if to == TO_ORIGINAL and to_topic:
+        raise InvalidArgument("to_topic", to_topic, "is not used when replaying to the original")
+    if group is not None:
+        topics.check_name("group", group)
+    pace = parse_rate(rate)
+    admin = kafka.admin(connection)
+    counts = kafka.topic_partitions(admin, timeout_s)
+    if dlt_topic not in counts:
+        raise UnknownTopic(dlt_topic)
+    if to_topic is not None and to_topic not in counts:
+        raise UnknownTopic(to_topic)
+    reader = Reader(connection, dlt_topic, timeout_s)
+    report = ReplayReport(dry_run=dry_run)
+    records = list(reader.records(selection or DeadLetterFilter()))
+    report.selected = len(records)
+
+    transactions: TransactionalProducer | None = None
+    if not dry_run:
+        if REPLAY_LOG not in counts:
+            kafka.create_topics(admin, {REPLAY_LOG: 1}, config=LOG_CONFIG)
+        transactions = TransactionalProducer(connection, f"redrive-replay-{dlt_topic}",
+                                             timeout_s=timeout_s)
+        # Before the log is read: this fences an earlier replay of the same topic still running.
+        try:
+            transactions.start()
+        except KafkaException as exc:
+            raise ReplayFailed(f"cannot start the replay transaction of {dlt_topic}: "
+                               f"{exc.args[0]}") from exc
+    done = read_log(connection, dlt_topic, timeout_s)
+
+    plans: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes]]]] = []
+    for record in records:
+        source = _coordinates(record)
+        if log_key(*source) in done:
+            report.already.append(source)
+            continue
+        prepared = prepare_copy(record, to, to_topic, group, keep_attempts, counts)
+        if isinstance(prepared, str):
+            report.skipped.append(Skipped(source, prepared))
+        else:
+            plans.append((record, *prepared))
+    if progress is not None and len(records) > len(plans):
+        progress(len(records) - len(plans), len(records))
+
+    if transactions is None:
+        report.planned = [(_coordinates(r), target.topic) for r, target, _ in plans]
+        if progress is not None and plans:
+            progress(len(plans), len(records))
+        return report
+
+    who = actor or default_actor()
+    started = time.monotonic()
+    # A paced replay commits about once a second, so its progress shows as it goes.
+    size = CHUNK if pace is None else max(1, min(CHUNK, int(pace)))
+    for start in range(0, len(plans), size):
+        chunk = plans[start:start + size]
+        try:
+            published = transactions.run(partial(
+                _publish, chunk=chunk, who=who, to=to, keep_attempts=keep_attempts,
+                started=started, done_before=start, pace=pace, timeout_s=timeout_s))
+        except TransactionAborted as exc:
+            raise ReplayFailed(f"replay of {dlt_topic} stopped, nothing of its last chunk "
+                               f"was published: {exc}") from exc
+        report.replayed.extend(published)
+        if metrics is not None:
+            for record, _, _ in chunk:
+                origin = record.info.original if record.info else None
+                metrics.replayed(origin.topic if origin else record.record.topic)
+        if progress is not None:
+            progress(len(chunk), len(records))
+    return report
+
+
+def prepare_copy(record: DeadLetterRecord, to: str, to_topic: str | None, group: str | None,
+                 keep_attempts: bool,
+                 counts: Mapping[str, int]) -> tuple[Target, list[tuple[str, bytes]]] | str:
+    """The copy's destination and headers, or why the record cannot be replayed."""
+    if record.problem is not None:
+        return f"unreadable headers: {record.problem}"
+    info = record.info
+    origin = info.original if info else None
+    copy_group = group or (info.group if info else None)
+    if copy_group is None:
+        return "no group: the record names none; give one"
+    if origin is None:
+        return "no original topic/partition/offset in its headers"
+    destination = origin.topic if to == TO_ORIGINAL else to_topic
+    assert destination is not None
+    if destination not in counts:
+        return f"destination topic {destination!r} does not exist"
+    updates: dict[str, str | int | None] = {
+        h.DUE: now_ms(),
+        h.GROUP: copy_group,
+        h.REASON: None,
+        **h.origin_fields(origin),
+    }
+    if keep_attempts:
+        if info is not None and info.attempts is not None:
+            updates[h.ATTEMPT] = info.attempts
+    else:
+        updates[h.ATTEMPT] = None
+        updates[h.FIRST_FAILURE] = None
+    partition = topics.partition_for(origin.partition, counts[destination])
+    return Target(destination, partition), h.replace(record.record.headers, updates)
+
+
+def _coordinates(letter: DeadLetterRecord) -> tuple[str, int, int]:
+    record = letter.record
+    return record.topic, record.partition, record.offset
+
+
+def _publish(producer: Producer, *,
+             chunk: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes]]]], who: str,
+             to: str, keep_attempts: bool, started: float, done_before: int,
+             pace: float | None, timeout_s: float) -> list[Replayed]:
+    """The body of one transaction: the chunk's copies, then (with their offsets) their log
+    entries."""
+    copies = [kafka.OutRecord(target.topic, letter.record.value, letter.record.key, headers,
+                              target.partition) for letter, target, headers in chunk]
+    if pace is None:
+        delivered = kafka.produce_confirmed(producer, copies, timeout_s)
+    else:
+        delivered = []
+        for index, copy in enumerate(copies):
+            wait = started + (done_before + index) / pace - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            delivered += kafka.produce_confirmed(producer, [copy], timeout_s)
+    published: list[Replayed] = []
+    entries: list[kafka.OutRecord] = []
+    when = now_ms()
+    for (letter, _, _), landed in zip(chunk, delivered, strict=True):
+        key = letter.record.key
+        item = Replayed(_coordinates(letter), (landed.topic, landed.partition, landed.offset),
+                        None if key is None else key.decode("utf-8", "replace"))
+        published.append(item)
+        entries.append(kafka.OutRecord(
+            REPLAY_LOG, json.dumps(_entry(item, letter, who, when, to, keep_attempts),
+                                   sort_keys=True).encode(),
+            log_key(*item.source).encode()))
+    kafka.produce_confirmed(producer, entries, timeout_s)
+    return published
+
+
+def _entry(item: Replayed, record: DeadLetterRecord, who: str, when_ms: int, to: str,
+           keep_attempts: bool) -> dict[str, Any]:
+    info = record.info
+    return {
+        "who": who,
+        "when_ms": when_ms,
+        "when": datetime.fromtimestamp(when_ms / 1000, UTC).isoformat(timespec="milliseconds"),
+        "source": {"topic": item.source[0], "partition": item.source[1],
+                   "offset": item.source[2]},
+        "destination": {"topic": item.destination[0], "partition": item.destination[1],
+                        "offset": item.destination[2]},
+        "to": to,
+        "attempts": "kept" if keep_attempts else "reset",
+        "reason": record.reason,
+        "error_type": record.error_type,
+        "system": info.system if info else None,
+    }
+
+
+def read_log(connection: kafka.Connection, dlt_topic: str | None = None,
+             timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+    """The replay log's entries (of `dlt_topic` only, if given), latest per key."""
+    counts = kafka.topic_partitions(kafka.admin(connection), timeout_s)
+    if REPLAY_LOG not in counts:
+        return {}
+    prefix = f"{dlt_topic}/" if dlt_topic else ""
+    entries: dict[str, dict[str, Any]] = {}
+    try:
+        for message in read_topic(connection, REPLAY_LOG, counts[REPLAY_LOG], idle_s=timeout_s):
+            key = (message.key() or b"").decode("utf-8", "replace")
+            if key.startswith(prefix):
+                value = message.value()
+                if value is None:
+                    entries.pop(key, None)  # a tombstone: the entry was deleted
+                else:
+                    entries[key] = json.loads(value)
+    except RangeReadFailed as exc:
+        # A partial log would let a record be published twice.
+        raise ReplayFailed(f"could not read {REPLAY_LOG} to its end: {exc}") from exc
+    return entries

@@ -1,0 +1,236 @@
+/* Arrow column builders shared by redrive's C range readers (_rangeread over librdkafka, and
+ * _fetchread over Kafka's fetch protocol): one batch of the Kafka source's columns, filled a record
+ * at a time without the GIL, then handed to Python as one bytes object per Arrow buffer, in the
+ * tuple redrive.spark.buffers.batches wraps as arrays.
+ *
+ * Header-only with static functions: each extension gets its own copy, and neither links the other.
+ */
+#ifndef REDRIVE_ARROWBATCH_H
+#define REDRIVE_ARROWBATCH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A growable byte buffer. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+} Buf;
+
+static int buf_reserve(Buf *b, size_t more) {
+    if (b->len + more <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *data = realloc(b->data, cap);
+    if (data == NULL)
+        return -1;
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const void *src, size_t n) {
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    if (n)
+        memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+/* A nullable Arrow binary/string column: validity bitmap, int32 offsets, data. */
+typedef struct {
+    Buf validity, offsets, data;
+    int64_t rows, nulls;
+} BinCol;
+
+static int bit_put(Buf *bitmap, int64_t row, int valid) {
+    if (row % 8 == 0) {
+        char zero = 0;
+        if (buf_put(bitmap, &zero, 1) < 0)
+            return -1;
+    }
+    if (valid)
+        bitmap->data[row / 8] |= (char)(1 << (row % 8));
+    return 0;
+}
+
+static int bincol_put(BinCol *c, const void *src, size_t n, int valid) {
+    if (c->rows == 0) {
+        int32_t zero = 0;
+        if (buf_put(&c->offsets, &zero, sizeof zero) < 0)
+            return -1;
+    }
+    if (bit_put(&c->validity, c->rows, valid) < 0)
+        return -1;
+    if (valid && buf_put(&c->data, src, n) < 0)
+        return -1;
+    if (c->data.len > INT32_MAX)
+        return -1;
+    int32_t end = (int32_t)c->data.len;
+    if (buf_put(&c->offsets, &end, sizeof end) < 0)
+        return -1;
+    c->rows++;
+    c->nulls += !valid;
+    return 0;
+}
+
+static void buf_clear(Buf *b) { b->len = 0; }
+
+static void bincol_clear(BinCol *c) {
+    buf_clear(&c->validity);
+    buf_clear(&c->offsets);
+    buf_clear(&c->data);
+    c->rows = c->nulls = 0;
+}
+
+static void bincol_free(BinCol *c) {
+    free(c->validity.data);
+    free(c->offsets.data);
+    free(c->data.data);
+    memset(c, 0, sizeof *c);
+}
+
+/* One batch's columns. Headers are list<struct<key: string, value: binary>>: the list's
+ * validity and offsets, and the struct's two children. */
+typedef struct {
+    BinCol keys, values, header_keys, header_values;
+    Buf offsets, timestamps_us, timestamp_types, header_validity, header_offsets;
+    int64_t rows, header_nulls;
+} Batch;
+
+static void batch_clear(Batch *b) {
+    bincol_clear(&b->keys);
+    bincol_clear(&b->values);
+    bincol_clear(&b->header_keys);
+    bincol_clear(&b->header_values);
+    buf_clear(&b->offsets);
+    buf_clear(&b->timestamps_us);
+    buf_clear(&b->timestamp_types);
+    buf_clear(&b->header_validity);
+    buf_clear(&b->header_offsets);
+    b->rows = b->header_nulls = 0;
+}
+
+static void batch_free(Batch *b) {
+    bincol_free(&b->keys);
+    bincol_free(&b->values);
+    bincol_free(&b->header_keys);
+    bincol_free(&b->header_values);
+    free(b->offsets.data);
+    free(b->timestamps_us.data);
+    free(b->timestamp_types.data);
+    free(b->header_validity.data);
+    free(b->header_offsets.data);
+    memset(b, 0, sizeof *b);
+}
+
+/* One record's own columns; its headers, if the batch has them, follow with batch_headers_*. */
+static int batch_row(Batch *b, const void *key, size_t key_len, int has_key, const void *value,
+                     size_t value_len, int has_value, int64_t offset, int64_t timestamp_us,
+                     int32_t spark_kind) {
+    if (bincol_put(&b->keys, key, key_len, has_key) < 0 ||
+        bincol_put(&b->values, value, value_len, has_value) < 0 ||
+        buf_put(&b->offsets, &offset, sizeof offset) < 0 ||
+        buf_put(&b->timestamps_us, &timestamp_us, sizeof timestamp_us) < 0 ||
+        buf_put(&b->timestamp_types, &spark_kind, sizeof spark_kind) < 0)
+        return -1;
+    return 0;
+}
+
+/* Opens the current row's header list; a record without headers has a null list, as
+ * confluent-kafka's headers() gives None. */
+static int batch_headers_begin(Batch *b, size_t count) {
+    if (b->rows == 0) {
+        int32_t zero = 0;
+        if (buf_put(&b->header_offsets, &zero, sizeof zero) < 0)
+            return -1;
+    }
+    if (bit_put(&b->header_validity, b->rows, count > 0) < 0)
+        return -1;
+    b->header_nulls += count == 0;
+    return 0;
+}
+
+static int batch_header_put(Batch *b, const char *name, size_t name_len, const void *value,
+                            size_t value_len, int has_value) {
+    if (bincol_put(&b->header_keys, name, name_len, 1) < 0 ||
+        bincol_put(&b->header_values, value, value_len, has_value) < 0)
+        return -1;
+    return 0;
+}
+
+static int batch_headers_end(Batch *b) {
+    int32_t end = (int32_t)b->header_keys.rows;
+    return buf_put(&b->header_offsets, &end, sizeof end);
+}
+
+static PyObject *bytes_of(const Buf *b) { return PyBytes_FromStringAndSize(b->data, (Py_ssize_t)b->len); }
+
+/* (validity or None, offsets, data, null count) of a binary column. */
+static PyObject *bincol_tuple(const BinCol *c) {
+    if (c->rows == 0)
+        return Py_BuildValue("(Oy#y#L)", Py_None, "\0\0\0\0", (Py_ssize_t)4, "", (Py_ssize_t)0,
+                             0LL);
+    PyObject *validity = c->nulls ? bytes_of(&c->validity) : Py_NewRef(Py_None);
+    if (validity == NULL)
+        return NULL;
+    return Py_BuildValue("(NNNL)", validity, bytes_of(&c->offsets), bytes_of(&c->data),
+                         (long long)c->nulls);
+}
+
+/* The batch as (rows, keys, values, offsets, timestamps, kinds, headers or None). */
+static PyObject *batch_tuple(const Batch *b, int with_headers) {
+    PyObject *headers;
+    if (with_headers) {
+        PyObject *list_validity = b->header_nulls ? bytes_of(&b->header_validity)
+                                                  : Py_NewRef(Py_None);
+        if (list_validity == NULL)
+            return NULL;
+        headers = Py_BuildValue("(NLNLNN)", list_validity, (long long)b->header_nulls,
+                                bytes_of(&b->header_offsets), (long long)b->header_keys.rows,
+                                bincol_tuple(&b->header_keys), bincol_tuple(&b->header_values));
+    } else {
+        headers = Py_NewRef(Py_None);
+    }
+    if (headers == NULL)
+        return NULL;
+    return Py_BuildValue("(LNNNNNN)", (long long)b->rows, bincol_tuple(&b->keys),
+                         bincol_tuple(&b->values), bytes_of(&b->offsets),
+                         bytes_of(&b->timestamps_us), bytes_of(&b->timestamp_types), headers);
+}
+
+/* A reader's fill: adds records to its batch until max_rows, max_bytes or the range's end; runs
+ * without the GIL and returns -1 with `why` for a read that must fail. */
+typedef int (*FillBatch)(void *reader, int64_t max_rows, int64_t max_bytes, char *why,
+                         size_t why_len);
+
+/* The body of a reader's read(max_rows, max_bytes): the next batch's buffers, None when the
+ * batch came out empty, or `error` raised with fill's reason. */
+static PyObject *read_batch(void *reader, Batch *b, int with_headers, FillBatch fill,
+                            PyObject *error, PyObject *args) {
+    long long max_rows, max_bytes;
+    if (!PyArg_ParseTuple(args, "LL", &max_rows, &max_bytes))
+        return NULL;
+    batch_clear(b);
+    char why[512] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fill(reader, max_rows, max_bytes, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_SetString(error, why);
+        return NULL;
+    }
+    if (b->rows == 0)
+        Py_RETURN_NONE;
+    return batch_tuple(b, with_headers);
+}
+
+#endif

@@ -1,0 +1,903 @@
+/* redrive.spark._fetchread: read offsets [start, end) of one Kafka partition by speaking Kafka's own
+ * Metadata and Fetch requests, straight into Arrow buffers.
+ *
+ * A client library turns every fetched record into a message of its own (an allocation, a queue
+ * hand-off between threads, a free) before a reader sees it; on a Spark executor that costs more
+ * CPU than Spark's own work on the row. This reader asks the partition's leader for the range and
+ * parses the record batches of the answer in place, in one buffer it keeps, writing each record's
+ * fields into the Arrow columns: no object and no allocation per record.
+ *
+ * It handles what a healthy plaintext cluster sends: uncompressed record batches (format v2),
+ * transaction markers, and aborted transactions under read_committed. Anything else - a
+ * compressed or old-format batch, a partition error (offset out of range, a moved leader), a
+ * broker that refuses, drops or garbles the connection - stops it at the position reached with a
+ * reason (`handoff`), and redrive.spark.source reads the rest of the range with the librdkafka
+ * reader, which knows every case. The one error it raises itself is a read that makes no progress
+ * while the broker answers: the range goes past what the partition holds.
+ *
+ * The request versions (Metadata v4, Fetch v4) are those every broker from Kafka 1.0 to 4.x serves.
+ */
+#include "_arrowbatch.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#define API_FETCH 1
+#define API_METADATA 3
+#define FETCH_VERSION 4
+#define METADATA_VERSION 4
+#define MAX_WAIT_MS 500
+#define FIRST_FETCH_BYTES (1 << 20)
+#define FETCH_BYTES (16 << 20)
+#define FETCH_BYTES_LIMIT (1 << 30)
+#define INITIAL_INPUT (4 << 20)
+#define BATCH_HEADER 61
+#define CONNECT_TIMEOUT_MS 10000
+#define ANSWER_TIMEOUT_MS 30000
+
+static PyObject *ReadError;
+
+/* A cursor over bytes already received; every read is bounds-checked and a short read marks the
+ * cursor bad rather than reading past the end. */
+typedef struct {
+    const unsigned char *p, *end;
+    int bad;
+} Cur;
+
+static int cur_has(Cur *c, size_t n) {
+    if (c->bad || (size_t)(c->end - c->p) < n) {
+        c->bad = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static int64_t be(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
+static int64_t cur_int(Cur *c, int n) {
+    if (!cur_has(c, (size_t)n))
+        return 0;
+    int64_t v = be(c->p, n);
+    c->p += n;
+    /* Sign-extend the narrower widths. */
+    if (n < 8 && (v & ((int64_t)1 << (8 * n - 1))))
+        v -= (int64_t)1 << (8 * n);
+    return v;
+}
+
+static void cur_skip(Cur *c, int64_t n) {
+    if (n < 0 || !cur_has(c, (size_t)n))
+        c->bad = 1;
+    else
+        c->p += n;
+}
+
+/* A zigzag varint (records and their fields). */
+static int64_t cur_varint(Cur *c) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (!cur_has(c, 1))
+            return 0;
+        unsigned char byte = *c->p++;
+        v |= (uint64_t)(byte & 0x7f) << shift;
+        if (!(byte & 0x80))
+            return (int64_t)(v >> 1) ^ -(int64_t)(v & 1);
+    }
+    c->bad = 1;
+    return 0;
+}
+
+/* A length-prefixed string (int16 length, -1 null). */
+static const unsigned char *cur_string(Cur *c, int64_t *len) {
+    *len = cur_int(c, 2);
+    if (*len < 0)
+        return NULL;
+    const unsigned char *s = c->p;
+    cur_skip(c, *len);
+    return s;
+}
+
+typedef struct {
+    int64_t producer_id, first_offset;
+} Aborted;
+
+typedef struct {
+    PyObject_HEAD
+    char *bootstrap, *topic, *client_id;
+    int32_t partition;
+    int64_t end, position;
+    int with_headers, read_committed, poll_timeout_ms;
+    int fd;
+    int32_t correlation;
+    char peer[300];
+    Batch batch;
+    /* Received bytes: [in_start, in_end) of `in` are not taken yet. */
+    unsigned char *in;
+    size_t in_cap, in_start, in_end;
+    /* The fetch answer being read: bytes of it not yet received or taken, and of its records. */
+    int64_t answer_left, records_left;
+    int32_t fetch_bytes;
+    int answer_had_records;
+    /* Aborted transactions of that answer, by first offset; `aborted_next` is the next to open. */
+    Aborted *aborted;
+    size_t aborted_count, aborted_cap, aborted_next;
+    int64_t *open_aborts;
+    size_t open_count;
+    /* The record batch being taken, which stays in `in` until its last record is taken. */
+    int in_batch;
+    Cur records;
+    int64_t batch_base, batch_last, batch_base_ts, batch_max_ts;
+    int batch_log_append;
+    int32_t batch_left;
+    /* Why the rest of the range is for another reader; the last connection error. */
+    char handoff[300];
+    char last_error[300];
+} FetchReader;
+
+static double monotonic_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Records why the rest of the range is for another reader; the first reason stands. */
+__attribute__((format(printf, 2, 3))) static void stop_with(FetchReader *self, const char *fmt,
+                                                           ...) {
+    if (self->handoff[0])
+        return;
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(self->handoff, sizeof self->handoff, fmt, args);
+    va_end(args);
+}
+
+static void disconnect(FetchReader *self) {
+    if (self->fd >= 0)
+        close(self->fd);
+    self->fd = -1;
+    self->in_start = self->in_end = 0;
+    self->answer_left = self->records_left = 0;
+    self->in_batch = 0;
+}
+
+static void set_timeouts(int fd, int ms) {
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+/* Connects to host:port; on failure records why in last_error and returns -1. */
+static int connect_to(FetchReader *self, const char *host, size_t host_len, int port) {
+    char name[256], service[16];
+    if (host_len >= sizeof name)
+        host_len = sizeof name - 1;
+    memcpy(name, host, host_len);
+    name[host_len] = 0;
+    snprintf(service, sizeof service, "%d", port);
+    snprintf(self->peer, sizeof self->peer, "%s:%d", name, port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *found = NULL;
+    int rc = getaddrinfo(name, service, &hints, &found);
+    if (rc != 0) {
+        snprintf(self->last_error, sizeof self->last_error, "%s: %s", self->peer,
+                 gai_strerror(rc));
+        return -1;
+    }
+    int fd = -1;
+    for (struct addrinfo *a = found; a != NULL && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0)
+            continue;
+        /* connect() gives up after SO_SNDTIMEO on Linux. */
+        set_timeouts(fd, CONNECT_TIMEOUT_MS);
+        if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+            snprintf(self->last_error, sizeof self->last_error, "%s: connect: %s", self->peer,
+                     strerror(errno));
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(found);
+    if (fd < 0)
+        return -1;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    set_timeouts(fd, ANSWER_TIMEOUT_MS + self->poll_timeout_ms);
+    self->fd = fd;
+    self->in_start = self->in_end = 0;
+    return 0;
+}
+
+/* bootstrap.servers: host:port[,host:port...], an optional scheme://, IPv6 in brackets. */
+static int connect_bootstrap(FetchReader *self) {
+    const char *s = self->bootstrap;
+    while (*s) {
+        while (*s == ',' || *s == ' ')
+            s++;
+        const char *item = s;
+        while (*s && *s != ',')
+            s++;
+        const char *item_end = s;
+        while (item_end > item && item_end[-1] == ' ')
+            item_end--;
+        const char *scheme = strstr(item, "://");
+        if (scheme != NULL && scheme < item_end)
+            item = scheme + 3;
+        const char *colon = item_end;
+        while (colon > item && colon[-1] != ':' && colon[-1] != ']')
+            colon--;
+        if (colon <= item || colon[-1] != ':')
+            continue;
+        const char *host = item, *host_end = colon - 1;
+        if (*host == '[' && host_end > host && host_end[-1] == ']') {
+            host++;
+            host_end--;
+        }
+        int port = atoi(colon);
+        if (connect_to(self, host, (size_t)(host_end - host), port) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+/* Makes room for and receives until `n` bytes are waiting in `in`, moving what is waiting to the
+ * front first. Returns -1 (with a handoff reason) when the connection fails. */
+static int need(FetchReader *self, size_t n) {
+    if (self->in_end - self->in_start >= n)
+        return 0;
+    if (self->in_start > 0) {
+        memmove(self->in, self->in + self->in_start, self->in_end - self->in_start);
+        self->in_end -= self->in_start;
+        self->in_start = 0;
+    }
+    if (n > self->in_cap) {
+        size_t cap = self->in_cap ? self->in_cap : INITIAL_INPUT;
+        while (cap < n)
+            cap *= 2;
+        unsigned char *grown = realloc(self->in, cap);
+        if (grown == NULL) {
+            stop_with(self, "out of memory for a record batch");
+            return -1;
+        }
+        self->in = grown;
+        self->in_cap = cap;
+    }
+    while (self->in_end < n) {
+        size_t room = self->in_cap - self->in_end;
+        ssize_t got = recv(self->fd, self->in + self->in_end, room, 0);
+        if (got > 0) {
+            self->in_end += (size_t)got;
+            continue;
+        }
+        if (got == 0)
+            snprintf(self->last_error, sizeof self->last_error, "%s: the broker closed the "
+                     "connection", self->peer);
+        else
+            snprintf(self->last_error, sizeof self->last_error, "%s: %s", self->peer,
+                     errno == EAGAIN || errno == EWOULDBLOCK ? "no answer in time"
+                                                             : strerror(errno));
+        stop_with(self, "%s", self->last_error);
+        return -1;
+    }
+    return 0;
+}
+
+/* Takes `n` waiting bytes of the current answer; the pointer is valid until the next need(). */
+static const unsigned char *take(FetchReader *self, size_t n) {
+    if (self->answer_left < (int64_t)n) {
+        stop_with(self, "an answer shorter than its fields");
+        return NULL;
+    }
+    if (need(self, n) < 0)
+        return NULL;
+    const unsigned char *p = self->in + self->in_start;
+    self->in_start += n;
+    self->answer_left -= (int64_t)n;
+    return p;
+}
+
+/* Skips `n` bytes of the current answer without keeping them. */
+static int skip(FetchReader *self, int64_t n) {
+    while (n > 0) {
+        size_t room = self->in_cap ? self->in_cap : INITIAL_INPUT;
+        size_t chunk = n < (int64_t)room ? (size_t)n : room;
+        if (take(self, chunk) == NULL)
+            return -1;
+        n -= (int64_t)chunk;
+    }
+    return 0;
+}
+
+static int send_all(FetchReader *self, const Buf *out) {
+    size_t sent = 0;
+    while (sent < out->len) {
+        ssize_t n = send(self->fd, out->data + sent, out->len - sent, MSG_NOSIGNAL);
+        if (n <= 0) {
+            snprintf(self->last_error, sizeof self->last_error, "%s: send: %s", self->peer,
+                     n < 0 ? strerror(errno) : "connection closed");
+            stop_with(self, "%s", self->last_error);
+            return -1;
+        }
+        sent += (size_t)n;
+    }
+    return 0;
+}
+
+static int put_int(Buf *b, int64_t v, int n) {
+    unsigned char bytes[8];
+    for (int i = n - 1; i >= 0; i--, v >>= 8)
+        bytes[i] = (unsigned char)(v & 0xff);
+    return buf_put(b, bytes, (size_t)n);
+}
+
+static int put_string(Buf *b, const char *s) {
+    size_t n = strlen(s);
+    return put_int(b, (int64_t)n, 2) < 0 || buf_put(b, s, n) < 0 ? -1 : 0;
+}
+
+/* Sends one request (header v1: api key, version, correlation id, client id) and reads the size
+ * and correlation id of its answer. Returns -1 with a handoff reason on failure. */
+static int ask(FetchReader *self, int16_t api, int16_t version, const Buf *body) {
+    Buf out = {0};
+    int32_t correlation = ++self->correlation;
+    int rc = put_int(&out, 0, 4) < 0 || put_int(&out, api, 2) < 0 ||
+             put_int(&out, version, 2) < 0 || put_int(&out, correlation, 4) < 0 ||
+             put_string(&out, self->client_id) < 0 || buf_put(&out, body->data, body->len) < 0;
+    if (rc) {
+        free(out.data);
+        stop_with(self, "out of memory for a request");
+        return -1;
+    }
+    int64_t size = (int64_t)out.len - 4;
+    for (int i = 3; i >= 0; i--, size >>= 8)
+        out.data[i] = (char)(size & 0xff);
+    rc = send_all(self, &out);
+    free(out.data);
+    if (rc < 0)
+        return -1;
+    self->answer_left = 4;
+    const unsigned char *p = take(self, 4);
+    if (p == NULL)
+        return -1;
+    self->answer_left = be(p, 4);
+    if (self->answer_left < 4 || (p = take(self, 4)) == NULL) {
+        stop_with(self, "an answer too short for its header");
+        return -1;
+    }
+    if ((int32_t)be(p, 4) != correlation) {
+        stop_with(self, "an answer to another request");
+        return -1;
+    }
+    return 0;
+}
+
+/* Connects to the partition's leader: Metadata from a bootstrap server, then the leader's
+ * address if it is another broker. */
+static int connect_leader(FetchReader *self) {
+    if (connect_bootstrap(self) < 0) {
+        stop_with(self, "%s", self->last_error[0] ? self->last_error : "no bootstrap server");
+        return -1;
+    }
+    Buf body = {0};
+    int rc = put_int(&body, 1, 4) < 0 || put_string(&body, self->topic) < 0 ||
+             put_int(&body, 0, 1) < 0;  /* allow_auto_topic_creation: no */
+    if (rc || ask(self, API_METADATA, METADATA_VERSION, &body) < 0) {
+        free(body.data);
+        stop_with(self, "the metadata request failed");
+        return -1;
+    }
+    free(body.data);
+    const unsigned char *p = take(self, (size_t)self->answer_left);
+    if (p == NULL)
+        return -1;
+    Cur c = {p, self->in + self->in_start, 0};
+    cur_int(&c, 4); /* throttle_time_ms */
+    int64_t brokers = cur_int(&c, 4);
+    int64_t leader = -1, node_ids[256];
+    const unsigned char *hosts[256];
+    int64_t host_lens[256], ports[256];
+    int64_t known = 0;
+    for (int64_t i = 0; i < brokers && !c.bad; i++) {
+        int64_t node = cur_int(&c, 4), host_len, rack_len;
+        const unsigned char *host = cur_string(&c, &host_len);
+        int64_t port = cur_int(&c, 4);
+        cur_string(&c, &rack_len);
+        if (known < 256 && host != NULL) {
+            node_ids[known] = node;
+            hosts[known] = host;
+            host_lens[known] = host_len;
+            ports[known++] = port;
+        }
+    }
+    int64_t skipped;
+    cur_string(&c, &skipped); /* cluster_id */
+    cur_int(&c, 4);           /* controller_id */
+    int64_t topics = cur_int(&c, 4);
+    for (int64_t t = 0; t < topics && !c.bad; t++) {
+        int64_t topic_error = cur_int(&c, 2), name_len;
+        const unsigned char *name = cur_string(&c, &name_len);
+        cur_int(&c, 1); /* is_internal */
+        int64_t parts = cur_int(&c, 4);
+        int ours = name != NULL && (size_t)name_len == strlen(self->topic) &&
+                   memcmp(name, self->topic, (size_t)name_len) == 0;
+        if (ours && topic_error != 0) {
+            stop_with(self, "metadata error %d for the topic", (int)topic_error);
+            return -1;
+        }
+        for (int64_t i = 0; i < parts && !c.bad; i++) {
+            cur_int(&c, 2);
+            int64_t index = cur_int(&c, 4), node = cur_int(&c, 4);
+            cur_skip(&c, cur_int(&c, 4) * 4); /* replicas */
+            cur_skip(&c, cur_int(&c, 4) * 4); /* in-sync replicas */
+            if (ours && index == self->partition)
+                leader = node;
+        }
+    }
+    if (c.bad) {
+        stop_with(self, "a malformed metadata answer");
+        return -1;
+    }
+    for (int64_t i = 0; i < known; i++) {
+        if (node_ids[i] != leader)
+            continue;
+        char address[300];
+        snprintf(address, sizeof address, "%.*s:%d", (int)host_lens[i], hosts[i], (int)ports[i]);
+        if (strcmp(address, self->peer) == 0)
+            return 0;
+        char host[256];
+        size_t host_len = (size_t)host_lens[i] < sizeof host ? (size_t)host_lens[i] : sizeof host - 1;
+        memcpy(host, hosts[i], host_len);
+        int port = (int)ports[i];
+        disconnect(self);
+        if (connect_to(self, host, host_len, port) < 0) {
+            stop_with(self, "%s", self->last_error);
+            return -1;
+        }
+        return 0;
+    }
+    stop_with(self, "no leader known for the partition");
+    return -1;
+}
+
+static int by_first_offset(const void *a, const void *b) {
+    int64_t x = ((const Aborted *)a)->first_offset, y = ((const Aborted *)b)->first_offset;
+    return (x > y) - (x < y);
+}
+
+/* Sends a fetch at the position and reads its answer up to the partition's records. */
+static int fetch(FetchReader *self) {
+    if (self->fd < 0 && connect_leader(self) < 0)
+        return -1;
+    Buf body = {0};
+    int32_t wait_ms = self->poll_timeout_ms < MAX_WAIT_MS ? self->poll_timeout_ms : MAX_WAIT_MS;
+    int rc = put_int(&body, -1, 4) < 0 || put_int(&body, wait_ms, 4) < 0 ||
+             put_int(&body, 1, 4) < 0 || put_int(&body, self->fetch_bytes, 4) < 0 ||
+             put_int(&body, self->read_committed, 1) < 0 || put_int(&body, 1, 4) < 0 ||
+             put_string(&body, self->topic) < 0 || put_int(&body, 1, 4) < 0 ||
+             put_int(&body, self->partition, 4) < 0 || put_int(&body, self->position, 8) < 0 ||
+             put_int(&body, self->fetch_bytes, 4) < 0;
+    if (rc || ask(self, API_FETCH, FETCH_VERSION, &body) < 0) {
+        free(body.data);
+        stop_with(self, "the fetch request failed");
+        return -1;
+    }
+    free(body.data);
+    /* throttle_time_ms, one topic (name), one partition: index, error, high watermark, last
+     * stable offset. */
+    size_t topic_len = strlen(self->topic);
+    const unsigned char *p = take(self, 4 + 4 + 2 + topic_len + 4 + 4 + 2 + 8 + 8 + 4);
+    if (p == NULL)
+        return -1;
+    Cur c = {p, p + 40 + topic_len, 0};
+    cur_int(&c, 4);
+    int64_t topics = cur_int(&c, 4), name_len;
+    const unsigned char *name = cur_string(&c, &name_len);
+    int64_t parts = cur_int(&c, 4), index = cur_int(&c, 4), error = cur_int(&c, 2);
+    cur_int(&c, 8);
+    cur_int(&c, 8);
+    int64_t aborted = cur_int(&c, 4);
+    if (c.bad || topics != 1 || parts != 1 || index != self->partition || name == NULL ||
+        (size_t)name_len != topic_len || memcmp(name, self->topic, topic_len) != 0) {
+        stop_with(self, "a fetch answer for another partition");
+        return -1;
+    }
+    if (error != 0) {
+        stop_with(self, "the broker answered the fetch with error %d", (int)error);
+        return -1;
+    }
+    self->aborted_count = self->aborted_next = self->open_count = 0;
+    if (aborted > 0) {
+        if ((size_t)aborted > self->aborted_cap) {
+            Aborted *grown = realloc(self->aborted, (size_t)aborted * sizeof *grown);
+            int64_t *open = realloc(self->open_aborts, (size_t)aborted * sizeof *open);
+            if (open != NULL)
+                self->open_aborts = open;
+            if (grown != NULL)
+                self->aborted = grown;
+            if (grown == NULL || open == NULL) {
+                stop_with(self, "out of memory for aborted transactions");
+                return -1;
+            }
+            self->aborted_cap = (size_t)aborted;
+        }
+        for (int64_t i = 0; i < aborted; i++) {
+            if ((p = take(self, 16)) == NULL)
+                return -1;
+            self->aborted[i].producer_id = be(p, 8);
+            self->aborted[i].first_offset = be(p + 8, 8);
+        }
+        self->aborted_count = (size_t)aborted;
+        qsort(self->aborted, self->aborted_count, sizeof *self->aborted, by_first_offset);
+    }
+    if ((p = take(self, 4)) == NULL)
+        return -1;
+    int64_t records = (int32_t)be(p, 4);
+    self->records_left = records > 0 ? records : 0;
+    self->answer_had_records = records > 0;
+    return 0;
+}
+
+static void advance_to(FetchReader *self, int64_t offset) {
+    if (offset > self->position)
+        self->position = offset < self->end ? offset : self->end;
+}
+
+static int aborted_open(FetchReader *self, int64_t producer) {
+    for (size_t i = 0; i < self->open_count; i++)
+        if (self->open_aborts[i] == producer)
+            return 1;
+    return 0;
+}
+
+/* Takes the next record batch of the answer: either opens it for its records, or steps over it
+ * (already read, a transaction marker, an aborted transaction). A batch the answer cut short ends
+ * the answer. */
+static int open_batch(FetchReader *self) {
+    if (self->records_left < BATCH_HEADER) {
+        int64_t rest = self->records_left;
+        self->records_left = 0;
+        return skip(self, rest);
+    }
+    if (need(self, 12) < 0)
+        return -1;
+    const unsigned char *p = self->in + self->in_start;
+    int64_t size = 12 + (int64_t)(int32_t)be(p + 8, 4);
+    if (size < BATCH_HEADER || size > self->records_left) {
+        /* The answer's byte limit cut this batch; the next fetch starts at it. If not even one
+         * batch fitted, ask for more next time. */
+        int64_t rest = self->records_left;
+        self->records_left = 0;
+        if (size > self->fetch_bytes && self->fetch_bytes < FETCH_BYTES_LIMIT)
+            self->fetch_bytes = size < FETCH_BYTES_LIMIT ? (int32_t)size : FETCH_BYTES_LIMIT;
+        return skip(self, rest);
+    }
+    if (self->answer_left < size) {
+        stop_with(self, "an answer shorter than its records");
+        return -1;
+    }
+    if (need(self, (size_t)size) < 0)
+        return -1;
+    p = self->in + self->in_start;
+    int magic = p[16];
+    int attributes = (int)be(p + 21, 2);
+    int64_t base = be(p, 8);
+    int64_t last = base + (int32_t)be(p + 23, 4);
+    if (magic != 2) {
+        stop_with(self, "a record batch of message format v%d", magic);
+        return -1;
+    }
+    /* Taken whole from the answer now; its bytes stay in `in` until the next need(). */
+    self->in_start += (size_t)size;
+    self->answer_left -= size;
+    self->records_left -= size;
+    int64_t producer = be(p + 43, 8);
+    if (self->read_committed) {
+        while (self->aborted_next < self->aborted_count &&
+               self->aborted[self->aborted_next].first_offset <= last)
+            self->open_aborts[self->open_count++] = self->aborted[self->aborted_next++].producer_id;
+    }
+    if (attributes & 0x20) {
+        /* A transaction marker: its one record's key is (version, type), type 0 an abort. */
+        Cur c = {p + BATCH_HEADER, p + size, 0};
+        cur_varint(&c);
+        cur_int(&c, 1);
+        cur_varint(&c);
+        cur_varint(&c);
+        int64_t key_len = cur_varint(&c);
+        if (!c.bad && key_len >= 4 && cur_has(&c, 4) && be(c.p + 2, 2) == 0) {
+            /* Backwards, so that the entry swapped into a freed slot was already looked at. */
+            for (size_t i = self->open_count; i-- > 0;)
+                if (self->open_aborts[i] == producer)
+                    self->open_aborts[i] = self->open_aborts[--self->open_count];
+        }
+        advance_to(self, last + 1);
+        return 0;
+    }
+    if (last < self->position)
+        return 0;
+    if (self->read_committed && (attributes & 0x10) && aborted_open(self, producer)) {
+        advance_to(self, last + 1);
+        return 0;
+    }
+    if (attributes & 0x07) {
+        /* Given back: the next reader starts at this batch. */
+        stop_with(self, "a compressed record batch (codec %d)", attributes & 0x07);
+        return -1;
+    }
+    self->in_batch = 1;
+    self->records = (Cur){p + BATCH_HEADER, p + size, 0};
+    self->batch_base = base;
+    self->batch_last = last;
+    self->batch_base_ts = be(p + 27, 8);
+    self->batch_max_ts = be(p + 35, 8);
+    self->batch_log_append = (attributes & 0x08) != 0;
+    self->batch_left = (int32_t)be(p + 57, 4);
+    return 0;
+}
+
+/* Takes the open batch's next record into the Arrow batch (or steps over it). */
+static int take_record(FetchReader *self) {
+    Batch *b = &self->batch;
+    Cur *c = &self->records;
+    if (self->batch_left <= 0 || c->p >= c->end) {
+        self->in_batch = 0;
+        advance_to(self, self->batch_last + 1);
+        return 0;
+    }
+    self->batch_left--;
+    int64_t length = cur_varint(c);
+    if (c->bad || length < 0 || length > c->end - c->p) {
+        stop_with(self, "a malformed record");
+        return -1;
+    }
+    Cur r = {c->p, c->p + length, 0};
+    c->p += length;
+    cur_int(&r, 1);
+    int64_t ts_delta = cur_varint(&r);
+    int64_t offset = self->batch_base + cur_varint(&r);
+    int64_t key_len = cur_varint(&r);
+    const unsigned char *key = r.p;
+    cur_skip(&r, key_len > 0 ? key_len : 0);
+    int64_t value_len = cur_varint(&r);
+    const unsigned char *value = r.p;
+    cur_skip(&r, value_len > 0 ? value_len : 0);
+    int64_t header_count = cur_varint(&r);
+    if (r.bad || header_count < 0) {
+        stop_with(self, "a malformed record");
+        return -1;
+    }
+    if (offset < self->position)
+        return 0;
+    if (offset >= self->end) {
+        self->position = self->end;
+        self->in_batch = 0;
+        return 0;
+    }
+    int64_t ms = self->batch_log_append ? self->batch_max_ts : self->batch_base_ts + ts_delta;
+    /* Spark's timestampType: 0 create time, 1 log append time. */
+    if (batch_row(b, key, key_len > 0 ? (size_t)key_len : 0, key_len >= 0, value,
+                  value_len > 0 ? (size_t)value_len : 0, value_len >= 0, offset, ms * 1000,
+                  self->batch_log_append) < 0)
+        goto no_memory;
+    if (self->with_headers) {
+        if (batch_headers_begin(b, (size_t)header_count) < 0)
+            goto no_memory;
+        for (int64_t i = 0; i < header_count; i++) {
+            int64_t name_len = cur_varint(&r);
+            const unsigned char *name = r.p;
+            cur_skip(&r, name_len);
+            int64_t hv_len = cur_varint(&r);
+            const unsigned char *hv = r.p;
+            cur_skip(&r, hv_len > 0 ? hv_len : 0);
+            if (r.bad) {
+                stop_with(self, "a malformed record header");
+                return -1;
+            }
+            if (batch_header_put(b, (const char *)name, (size_t)name_len, hv,
+                                 hv_len > 0 ? (size_t)hv_len : 0, hv_len >= 0) < 0)
+                goto no_memory;
+        }
+        if (batch_headers_end(b) < 0)
+            goto no_memory;
+    }
+    b->rows++;
+    self->position = offset + 1;
+    return 0;
+no_memory:
+    stop_with(self, "out of memory, or a batch over 2 GiB");
+    return -1;
+}
+
+/* Fills the batch until it holds max_rows records or max_bytes of keys and values, the range is
+ * done, or the rest is handed off. Runs without the GIL. Returns -1 (with `why`) only for a read
+ * that makes no progress while the broker answers. */
+static int fill_batch(void *reader, int64_t max_rows, int64_t max_bytes, char *why,
+                      size_t why_len) {
+    FetchReader *self = reader;
+    Batch *b = &self->batch;
+    int64_t seen = self->position;
+    double idle_until = monotonic_ms() + self->poll_timeout_ms;
+    while (self->position < self->end && !self->handoff[0] && b->rows < max_rows &&
+           (int64_t)(b->keys.data.len + b->values.data.len) < max_bytes) {
+        if (self->in_batch) {
+            if (take_record(self) < 0)
+                return 0;
+            continue;
+        }
+        if (self->records_left > 0) {
+            if (open_batch(self) < 0)
+                return 0;
+            continue;
+        }
+        if (self->answer_left > 0 && skip(self, self->answer_left) < 0)
+            return 0;
+        double now = monotonic_ms();
+        if (self->position > seen) {
+            seen = self->position;
+            idle_until = now + self->poll_timeout_ms;
+        } else if (now > idle_until) {
+            snprintf(why, why_len, "stuck at offset %lld for %.1fs (kafkaConsumer.pollTimeoutMs)",
+                     (long long)self->position, self->poll_timeout_ms / 1000.0);
+            return -1;
+        }
+        if (fetch(self) < 0)
+            return 0;
+        if (!self->answer_had_records) {
+            /* Nothing yet: brokers that answer at once instead of waiting get a pause. */
+            struct timespec pause = {0, 20 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        } else if (self->fetch_bytes < FETCH_BYTES) {
+            self->fetch_bytes = FETCH_BYTES;
+        }
+    }
+    return 0;
+}
+
+static void reader_close(FetchReader *self) {
+    disconnect(self);
+    free(self->in);
+    free(self->aborted);
+    free(self->open_aborts);
+    self->in = NULL;
+    self->aborted = NULL;
+    self->open_aborts = NULL;
+    self->in_cap = self->aborted_cap = 0;
+}
+
+static void FetchReader_dealloc(FetchReader *self) {
+    reader_close(self);
+    batch_free(&self->batch);
+    PyMem_Free(self->bootstrap);
+    PyMem_Free(self->topic);
+    PyMem_Free(self->client_id);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static char *copy_text(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *copy = PyMem_Malloc(n);
+    if (copy == NULL)
+        PyErr_NoMemory();
+    else
+        memcpy(copy, s, n);
+    return copy;
+}
+
+static int FetchReader_init(FetchReader *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"bootstrap", "topic", "partition", "start", "end", "include_headers",
+                            "read_committed", "poll_timeout_ms", "client_id", NULL};
+    const char *bootstrap, *topic, *client_id = "redrive";
+    int partition, with_headers, read_committed, poll_timeout_ms;
+    long long start, end;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ssiLLppi|s", names, &bootstrap, &topic,
+                                     &partition, &start, &end, &with_headers, &read_committed,
+                                     &poll_timeout_ms, &client_id))
+        return -1;
+    if (self->topic != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "FetchReader is already initialised");
+        return -1;
+    }
+    if (start < 0 || end < start || poll_timeout_ms < 1) {
+        PyErr_Format(PyExc_ValueError, "bad range [%lld, %lld) or poll timeout %d", start, end,
+                     poll_timeout_ms);
+        return -1;
+    }
+    if ((self->bootstrap = copy_text(bootstrap)) == NULL ||
+        (self->topic = copy_text(topic)) == NULL ||
+        (self->client_id = copy_text(client_id)) == NULL)
+        return -1;
+    self->fd = -1;
+    self->partition = partition;
+    self->position = start;
+    self->end = end;
+    self->with_headers = with_headers;
+    self->read_committed = read_committed;
+    self->poll_timeout_ms = poll_timeout_ms;
+    self->fetch_bytes = FIRST_FETCH_BYTES;
+    return 0;
+}
+
+static PyObject *FetchReader_read(FetchReader *self, PyObject *args) {
+    if (self->topic == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "FetchReader is not initialised");
+        return NULL;
+    }
+    return read_batch(self, &self->batch, self->with_headers, fill_batch, ReadError, args);
+}
+
+static PyObject *FetchReader_close(FetchReader *self, PyObject *Py_UNUSED(ignored)) {
+    reader_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *FetchReader_position(FetchReader *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromLongLong(self->position);
+}
+
+static PyObject *FetchReader_handoff(FetchReader *self, void *Py_UNUSED(closure)) {
+    if (!self->handoff[0])
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeUTF8(self->handoff, (Py_ssize_t)strlen(self->handoff), "replace");
+}
+
+static PyMethodDef FetchReader_methods[] = {
+    {"read", (PyCFunction)FetchReader_read, METH_VARARGS,
+     "read(max_rows, max_bytes) -> the next batch's buffers, or None when the range is done or "
+     "handed off"},
+    {"close", (PyCFunction)FetchReader_close, METH_NOARGS, "close the connection"},
+    {NULL},
+};
+
+static PyGetSetDef FetchReader_getset[] = {
+    {"position", (getter)FetchReader_position, NULL, "the next offset to read", NULL},
+    {"handoff", (getter)FetchReader_handoff, NULL,
+     "why the rest of the range is for another reader, or None", NULL},
+    {NULL},
+};
+
+static PyTypeObject FetchReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "redrive.spark._fetchread.FetchReader",
+    .tp_doc = "Reads offsets [start, end) of one partition with Kafka's fetch protocol.",
+    .tp_basicsize = sizeof(FetchReader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)FetchReader_init,
+    .tp_dealloc = (destructor)FetchReader_dealloc,
+    .tp_methods = FetchReader_methods,
+    .tp_getset = FetchReader_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "redrive.spark._fetchread",
+    .m_doc = "Reads a Kafka partition range into Arrow buffers with Kafka's fetch protocol.",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__fetchread(void) {
+    if (PyType_Ready(&FetchReaderType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    ReadError = PyErr_NewException("redrive.spark._fetchread.ReadError", PyExc_RuntimeError, NULL);
+    if (ReadError == NULL || PyModule_AddObjectRef(m, "ReadError", ReadError) < 0 ||
+        PyModule_AddObjectRef(m, "FetchReader", (PyObject *)&FetchReaderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,232 @@
+"""The source's executor side: each Spark task reads exactly `[start, end)` of one partition as
+Arrow batches, with one of three readers (`redrive.reader`):
+
+- `fetch`: redrive._fetchread (C, beside this module) speaks Kafka's fetch protocol itself and
+  parses record batches in place into Arrow buffers; what it does not handle (a compressed or
+  old-format batch, a partition error, a broker it cannot reach) it hands to the next reader at
+  the offset it reached;
+- `native`: redrive._rangeread (C over librdkafka): every librdkafka setting and codec;
+- `python`: the same loop through confluent-kafka and `redrive.kafka.ranges`.
+
+All three follow the rules of `redrive.kafka.ranges` (the end of a range, retention gaps and
+failOnDataLoss, no progress for kafkaConsumer.pollTimeoutMs).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import TYPE_CHECKING, Any, cast
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Message
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from redrive import kafka
+from redrive.kafka.ranges import (
+    RANGE_READ_DEFAULTS,
+    LastClientError,
+    PartitionRange,
+    RangeReader,
+    RangeReadFailed,
+    range_consumer,
+)
+from redrive.spark import buffers
+from redrive.spark.gc_pause import gc_paused
+from redrive.spark.options import SourceOptionError, SourceOptions, kafka_schema
+
+if TYPE_CHECKING:
+    from redrive.spark._rangeread import RangeReader as NativeReader
+
+log = logging.getLogger(__name__)
+
+# Rows per Arrow batch handed to Spark: large enough to amortise the per-batch cost, small enough
+# to keep an executor's memory flat; a batch of large records ends earlier, at about
+# ARROW_BATCH_BYTES of keys and values (which also keeps binary offsets within int32).
+ARROW_BATCH_ROWS = 20_000
+ARROW_BATCH_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class KafkaRange(PartitionRange, InputPartition):
+    """One Spark task: offsets [start, end) of one Kafka partition."""
+
+
+def _size(items: list[bytes | None]) -> int:
+    """Bytes held by `items`, None counting as nothing."""
+    try:
+        return sum(map(len, cast("list[bytes]", items)))
+    except TypeError:
+        return sum(len(item) for item in items if item is not None)
+
+
+@dataclass
+class _Columns:
+    """Column builders for one Arrow batch; the Arrow types come from Spark's own conversion of
+    the schema, so batches match what Spark expects exactly. Columns are filled a consumed batch
+    at a time with map over Message's methods: per-record Python work is most of the read cost,
+    so each field is fetched by one C-level call per record and nothing else."""
+
+    topic: str
+    partition: int
+    include_headers: bool
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    # (type, ms) of each record, flattened: type, ms, type, ms, ...
+    stamps: list[int] = field(default_factory=list)
+    headers: list[Any] = field(default_factory=list)
+    nbytes: int = 0
+
+    def add(self, messages: Sequence[Message], offsets: Sequence[int]) -> None:
+        keys = list(map(Message.key, messages))
+        values = list(map(Message.value, messages))
+        self.keys += keys
+        self.values += values
+        self.offsets += offsets
+        self.stamps += chain.from_iterable(map(Message.timestamp, messages))
+        if self.include_headers:
+            self.headers += [m.headers() or None for m in messages]
+        self.nbytes += _size(keys) + _size(values)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def batch(self, schema: pa.Schema) -> pa.RecordBatch:
+        n = len(self.offsets)
+        # Kafka's TimestampType ids as Spark shows them (-1 none, 0 create, 1 log append) are
+        # librdkafka's minus one; times are ms, Spark's are us.
+        kinds = pa.array(self.stamps[0::2], pa.int32())
+        millis = pa.array(self.stamps[1::2], pa.int64())
+        arrays = [
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.repeat(pa.scalar(self.topic, pa.string()), n),
+            pa.repeat(pa.scalar(self.partition, pa.int32()), n),
+            pa.array(self.offsets, pa.int64()),
+            pc.multiply(millis, 1000).cast(schema.field("timestamp").type),
+            pc.subtract(kinds, 1),
+        ]
+        if self.include_headers:
+            arrays.append(pa.array(self.headers, schema.field("headers").type))
+        for column in (self.keys, self.values, self.offsets, self.stamps, self.headers):
+            column.clear()
+        self.nbytes = 0
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
+    """Read exactly [start, end) of one partition as Arrow batches.
+
+    The loop ends when the position reaches `end`, not when offset end-1 was seen: under
+    read_committed the last offsets of a range may be transaction markers or aborted records,
+    which are never delivered. Both C readers follow the same rules as the confluent-kafka loop
+    below, without a Python object per record: redrive.spark._fetchread (Kafka's fetch protocol, for
+    what it handles) and redrive.spark._rangeread (librdkafka, for the rest).
+    """
+    schema = to_arrow_schema(kafka_schema(options.include_headers), timezone="UTC")
+    if options.fetch:
+        return _read_fetch(options, part, schema)
+    return _read_client(options, part, schema)
+
+
+def _read_client(options: SourceOptions, part: KafkaRange,
+                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The range through a Kafka client library: librdkafka from C, or confluent-kafka."""
+    if options.native:
+        return _read_native(options, part, schema)
+    return _read_python(options, part, schema)
+
+
+def _read_fetch(options: SourceOptions, part: KafkaRange,
+                schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The range through redrive.spark._fetchread, which speaks Kafka's fetch protocol itself;
+    what it hands back (a compressed batch, a partition error, a broker it cannot reach) is read
+    by the client library from the offset it reached, by the same rules as any other read."""
+    from redrive.spark._fetchread import FetchReader, ReadError
+
+    reader = FetchReader(options.bootstrap, part.topic, part.partition, part.start, part.end,
+                         options.include_headers, options.read_committed,
+                         max(1, round(options.poll_timeout_s * 1000)),
+                         options.client_overrides.get("client.id", "redrive"))
+    try:
+        yield from buffers.batches(reader, part.topic, part.partition, schema,
+                                   max_rows=ARROW_BATCH_ROWS, max_bytes=ARROW_BATCH_BYTES)
+    except ReadError as exc:
+        raise RangeReadFailed(part.topic, part.partition, part.start, part.end,
+                              str(exc)) from None
+    finally:
+        reader.close()
+    if reader.handoff is None or reader.position >= part.end:
+        return
+    log.info("%s[%d]: offsets %d to %d read by the client library: %s", part.topic,
+             part.partition, reader.position, part.end - 1, reader.handoff)
+    yield from _read_client(options, KafkaRange(part.topic, part.partition, reader.position,
+                                                part.end), schema)
+
+
+def _read_native(options: SourceOptions, part: KafkaRange,
+                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    from redrive.spark._rangeread import ReadError, librdkafka_version
+
+    try:
+        try:
+            reader = _native_reader(options, part)
+        except ValueError as exc:
+            # The system's librdkafka may be older than confluent-kafka's own.
+            raise SourceOptionError("kafka.*", str(exc), (
+                f"rejected by librdkafka {librdkafka_version()}, which the native reader "
+                "links; redrive.reader=python reads through confluent-kafka")) from None
+        try:
+            yield from buffers.batches(reader, part.topic, part.partition, schema,
+                                       max_rows=ARROW_BATCH_ROWS, max_bytes=ARROW_BATCH_BYTES)
+        finally:
+            reader.close()
+    except ReadError as exc:
+        raise RangeReadFailed(part.topic, part.partition, part.start, part.end,
+                              str(exc)) from None
+
+
+def _read_python(options: SourceOptions, part: KafkaRange,
+                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    errors = LastClientError()
+    consumer = range_consumer(options.bootstrap, options.client_overrides, errors)
+    try:
+        chunks = RangeReader(consumer, [part], idle_s=options.poll_timeout_s,
+                             skip_lost=not options.fail_on_data_loss, errors=errors).chunks()
+        columns = _Columns(part.topic, part.partition, options.include_headers)
+        while True:
+            with gc_paused():
+                chunk = next(chunks, None)
+                if chunk is not None:
+                    columns.add(chunk.messages, chunk.offsets)
+                full = (len(columns) >= ARROW_BATCH_ROWS
+                        or columns.nbytes >= ARROW_BATCH_BYTES)
+                ready = columns.batch(schema) if full or (chunk is None and len(columns)) \
+                    else None
+            if ready is not None:
+                yield ready
+            if chunk is None:
+                return
+    finally:
+        consumer.close()
+
+
+def _native_reader(options: SourceOptions, part: KafkaRange) -> NativeReader:
+    """redrive._rangeread's reader of the range, set up as an assign-only range consumer;
+    raises ValueError naming a setting librdkafka rejects."""
+    from redrive.spark._rangeread import RangeReader as NativeReader
+
+    config = kafka.consumer_config(options.bootstrap, None,
+                                   {**options.client_overrides, **RANGE_READ_DEFAULTS})
+    settings: list[tuple[str, str]] = []
+    for name, value in config.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        settings.append((name, text))
+    return NativeReader(settings, part.topic, part.partition, part.start, part.end,
+                        options.include_headers, max(1, round(options.poll_timeout_s * 1000)),
+                        not options.fail_on_data_loss)
