@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from redrive.consumer.pauses import TopicPartition
 from redrive.kafka import OutRecord
+from redrive.kafka.records import PartitionKey
 from redrive.routing import DeadLetter, Retry
 
 
@@ -27,9 +27,9 @@ class Copy:
 
 @dataclass
 class Batch:
-    first: dict[TopicPartition, int] = field(default_factory=dict)
-    finished: dict[TopicPartition, int] = field(default_factory=dict)
-    stopped: set[TopicPartition] = field(default_factory=set)
+    first: dict[PartitionKey, int] = field(default_factory=dict)
+    finished: dict[PartitionKey, int] = field(default_factory=dict)
+    stopped: set[PartitionKey] = field(default_factory=set)
     copies: list[Copy] = field(default_factory=list)
     processed: Counter[str] = field(default_factory=Counter)  # handled successfully, by main topic
     # Handler calls left until the next one timed for the handler-time histogram, counting it:
@@ -37,17 +37,17 @@ class Batch:
     until_sample: int = 1
     handler_times: list[float] = field(default_factory=list)  # observed once the batch is done
 
-    def finish(self, tp: TopicPartition, offset: int) -> None:
+    def finish(self, tp: PartitionKey, offset: int) -> None:
         self.finished[tp] = offset
 
-    def stop(self, tp: TopicPartition) -> None:
+    def stop(self, tp: PartitionKey) -> None:
         self.stopped.add(tp)
 
-    def route(self, tp: TopicPartition, offset: int, copy: Copy) -> None:
+    def route(self, tp: PartitionKey, offset: int, copy: Copy) -> None:
         self.copies.append(copy)
         self.finished[tp] = offset
 
-    def commit_offsets(self) -> dict[TopicPartition, int]:
+    def commit_offsets(self) -> dict[PartitionKey, int]:
         """The offsets to commit: the next record to read on each partition that moved."""
         return {tp: offset + 1 for tp, offset in self.finished.items()}
 

@@ -22,16 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redrive.consumer.batch import Copy
-from redrive.consumer.pauses import TopicPartition
 from redrive.errors import DeliveryFailed
+from redrive.kafka.records import PartitionKey
 
 
 @dataclass(eq=False)
 class Pending:
     """One handled batch whose offsets wait for its copies to be acknowledged."""
 
-    offsets: dict[TopicPartition, int]  # what to commit: the next offset per partition
-    first: dict[TopicPartition, int]  # the batch's first record per partition (for a rewind)
+    offsets: dict[PartitionKey, int]  # what to commit: the next offset per partition
+    first: dict[PartitionKey, int]  # the batch's first record per partition (for a rewind)
     copies: list[Copy] = field(default_factory=list)
     since: float = 0.0  # when its copies were produced (monotonic seconds), for the timeout
     waiting: int = 0  # copies produced and not yet reported on
@@ -55,9 +55,9 @@ class Pending:
 
 @dataclass
 class Settled:
-    commit: dict[TopicPartition, int] = field(default_factory=dict)  # safe to commit now
+    commit: dict[PartitionKey, int] = field(default_factory=dict)  # safe to commit now
     confirmed: list[Copy] = field(default_factory=list)  # copies acknowledged, to count
-    rewind: dict[TopicPartition, int] = field(default_factory=dict)  # seek back after a failure
+    rewind: dict[PartitionKey, int] = field(default_factory=dict)  # seek back after a failure
     error: DeliveryFailed | None = None
 
 
@@ -89,7 +89,7 @@ class CommitPipeline:
         for pending in self._pending:
             pending.expire(timeout_s)
 
-    def settle(self, exclude: Iterable[TopicPartition] = ()) -> Settled:
+    def settle(self, exclude: Iterable[PartitionKey] = ()) -> Settled:
         """Take the acknowledged batches from the front, in order, and a failed one with all
         behind it. Offsets of `exclude`d partitions (lost ones) are not handed out for commit."""
         settled = Settled()

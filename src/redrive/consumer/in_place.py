@@ -15,19 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from redrive.consumer.pauses import TopicPartition
+from redrive.kafka.records import PartitionKey
 
 
 class InPlaceRetries:
     def __init__(self) -> None:
-        self._failures: dict[TopicPartition, tuple[int, int]] = {}  # tp -> (offset, failures)
+        self._failures: dict[PartitionKey, tuple[int, int]] = {}  # tp -> (offset, failures)
 
-    def failures(self, tp: TopicPartition, offset: int) -> int:
+    def failures(self, tp: PartitionKey, offset: int) -> int:
         """In-place failures so far of the record at `offset` (0 if it is not the one tracked)."""
         tracked = self._failures.get(tp)
         return tracked[1] if tracked is not None and tracked[0] == offset else 0
 
-    def fail(self, tp: TopicPartition, offset: int, budget: int) -> int | None:
+    def fail(self, tp: PartitionKey, offset: int, budget: int) -> int | None:
         """Count a failure; return the number of the in-place retry to make, or None if the
         record's `budget` is spent (the caller then routes the record and clears the entry)."""
         failures = self.failures(tp, offset) + 1
@@ -36,10 +36,10 @@ class InPlaceRetries:
         self._failures[tp] = (offset, failures)
         return failures
 
-    def clear(self, tp: TopicPartition) -> None:
+    def clear(self, tp: PartitionKey) -> None:
         self._failures.pop(tp, None)
 
-    def drop(self, tps: Iterable[TopicPartition]) -> None:
+    def drop(self, tps: Iterable[PartitionKey]) -> None:
         for tp in tps:
             self._failures.pop(tp, None)
 

@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -51,17 +51,17 @@ from redrive.arguments import check_instance, check_int, check_positive
 from redrive.backends import BoundBackend, RetryBackend, RetryTopics, Verdict
 from redrive.clock import now_ms
 from redrive.consumer.batch import Batch, Copy
-from redrive.consumer.commits import CommitPipeline, Pending
+from redrive.consumer.committer import Committer
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.plain import handle_plain
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
 from redrive.kafka.holds import Hold, Holds, Why
 from redrive.kafka.records import PartitionKey
-from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
+from redrive.kafka.transactions import TransactionalProducer
 from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, new_record
-from redrive.routing import DeadLetter, Retry, route
+from redrive.routing import route
 from redrive.signals import stop_on_signals
 from redrive.topics import check_name, check_names, plans
 
@@ -90,8 +90,6 @@ DEFAULT_POLL_TIMEOUT_S = 0.1
 DEFAULT_TIMEOUT_S = 30.0
 # How long a poll may wait while copies are unconfirmed, so their offsets are committed soon.
 CONFIRM_POLL_S = 0.01
-# Batches whose copies may be unconfirmed at once before the runtime waits for the oldest.
-MAX_UNCONFIRMED_BATCHES = 8
 
 
 
@@ -171,7 +169,6 @@ class RetryingConsumer:
         self._stopping = threading.Event()
         # The same as _stopping, cheaper to test per record (and readable from C).
         self._stop = bytearray(1)
-        self._pipeline = CommitPipeline()
         backend_type = type(self._backend)
         # A backend with no admit/succeeded hooks lets records without headers skip them.
         self._plain_backend = (backend_type.admit is BoundBackend.admit
@@ -179,8 +176,7 @@ class RetryingConsumer:
         # Only a backend that looks records up (the store) pays for the pre-pass over a batch.
         self._prefetching = backend_type.prefetch is not BoundBackend.prefetch
         self._consumer: Consumer | None = None
-        self._producer: Producer | None = None  # at-least-once: copies confirmed as they come
-        self._transactions: TransactionalProducer | None = None
+        self._committer: Committer | None = None
         self._closed = False
 
     @property
@@ -195,12 +191,13 @@ class RetryingConsumer:
             return
         if self._closed:
             raise RedriveError(f"consumer of group {self.group!r} is closed; make a new one")
+        producer: Producer | None = None
         if not self.transactional:
             # The producer first: an idempotent producer asks for its producer id only once it
             # has a broker connection, retrying every 500 ms, so it cannot write a copy for the
             # first 0.5-1 s of its life. Made before the topic set-up and the group join, that
-            # wait overlaps them instead of stalling the first batch (see _wait_for_head).
-            self._producer = kafka.producer(self._connection, overrides=self._producer_config)
+            # wait overlaps them instead of stalling the first batch with unconfirmed copies.
+            producer = kafka.producer(self._connection, overrides=self._producer_config)
         try:
             admin = kafka.admin(self._connection)
             if self._create_topics:
@@ -211,14 +208,18 @@ class RetryingConsumer:
                 if name not in self._partitions:
                     raise UnknownTopic(name)
         except BaseException:
-            self._producer = None  # nothing was produced: dropping it releases it
+            producer = None  # nothing was produced: dropping it releases it
             raise
+        transactions: TransactionalProducer | None = None
         if self.transactional:
-            self._transactions = TransactionalProducer(
+            transactions = TransactionalProducer(
                 self._connection, self._transactional_id, overrides=self._producer_config,
                 timeout_s=self._timeout_s)
-            self._transactions.start()
+            transactions.start()
         self._consumer = kafka.consumer(self._connection, self.group, self._config)
+        self._committer = Committer(self.group, self._consumer, self._backend, self.metrics,
+                                    self._assigned, self._timeout_s, producer=producer,
+                                    transactions=transactions)
         self._consumer.subscribe(self.subscribed, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         if self._metrics_port is not None:
@@ -228,18 +229,19 @@ class RetryingConsumer:
         """Handle records until stop() (or SIGTERM/SIGINT in the main thread), then close."""
         self.start()
         consumer = self._require_consumer()
+        committer = self._require_committer()
         try:
             with stop_on_signals(self.stop):
                 while not self._stopping.is_set():
                     self._release_due()
                     wait_s = self._holds.wait_s(now_ms(), self._poll_timeout_s)
-                    if self._pipeline:
+                    if committer.unconfirmed:
                         wait_s = min(wait_s, CONFIRM_POLL_S)
                     messages = consumer.consume(self._batch_size, wait_s)
                     if messages:
                         self._handle_batch(messages)
-                    elif self._pipeline:
-                        self._settle()
+                    elif committer.unconfirmed:
+                        committer.settle()
                     self._update_gauges()
         finally:
             self.close()
@@ -259,13 +261,11 @@ class RetryingConsumer:
         self._stopping.set()
         if self._consumer is not None:
             try:
-                self._settle_all()
+                self._require_committer().settle_all()
             finally:
                 self._consumer.close()
-        if self._producer is not None:
-            self._producer.flush(self._timeout_s)
-        if self._transactions is not None:
-            self._transactions.close()
+        if self._committer is not None:
+            self._committer.close()
 
     def __enter__(self) -> RetryingConsumer:
         self.start()
@@ -278,7 +278,7 @@ class RetryingConsumer:
     # --- one batch -----------------------------------------------------------------------------
 
     def _handle_batch(self, messages: Sequence[Message]) -> None:
-        """Handle a poll batch in order, count it in the metrics, then hand it to `_complete`."""
+        """Handle a poll batch in order, count it in the metrics, then hand it to the committer."""
         if self._prefetching:
             self._backend.prefetch(self._to_admit(messages))
         batch = Batch()
@@ -289,7 +289,7 @@ class RetryingConsumer:
             self.metrics.handler_took_all(batch.handler_times)
         for name, count in batch.processed.items():
             self.metrics.processed(name, count)
-        self._complete(batch)
+        self._require_committer().complete(batch)
 
     def _handle_records(self, messages: Sequence[Message], batch: Batch) -> None:
         """Handle a poll batch's records in order into `batch`.
@@ -484,121 +484,6 @@ class RetryingConsumer:
         out = self._backend.failed(record, decision, self._partitions)
         batch.route(tp, record.offset, Copy(out, decision, main))
 
-    def _complete(self, batch: Batch) -> None:
-        offsets = batch.commit_offsets()
-        if not offsets:
-            return
-        try:
-            self._backend.flush()
-        except RedriveError as exc:
-            log.error("group %s: %s; the batch's partitions are rewound and its records will be "
-                      "handled again", self.group, exc)
-            self._rewind(batch.first)
-            return
-        if self.transactional:
-            if not self._commit_transaction(batch, offsets):
-                self._rewind(batch.first)
-                return
-            self._count_routed(batch.copies)
-            return
-        out = batch.out_records
-        if not out and not self._pipeline:
-            self._commit(offsets)
-            self._count_routed(batch.copies)
-            return
-        # The copies go out now and are confirmed while the next batches are handled; the
-        # offsets are committed, in batch order, once every copy up to this batch is acknowledged.
-        pending = Pending(offsets, batch.first, batch.copies, time.monotonic())
-        producer = self._require_producer()
-        for record in out:
-            kafka.produce(producer, record, pending.on_delivery)
-            pending.sent()
-        self._pipeline.add(pending)
-        self._settle()
-        if len(self._pipeline) > MAX_UNCONFIRMED_BATCHES:
-            self._wait_for_head()
-
-    # --- confirmations -------------------------------------------------------------------------
-
-    def _settle(self, exclude: Iterable[PartitionKey] = ()) -> None:
-        """Serve delivery reports; commit the acknowledged batches in order; rewind on a failure."""
-        if not self._pipeline:
-            return
-        self._require_producer().poll(0)
-        self._pipeline.expire(time.monotonic(), self._timeout_s)
-        settled = self._pipeline.settle(exclude)
-        if settled.commit:
-            self._commit(settled.commit)
-        self._count_routed(settled.confirmed)
-        if settled.error is not None:
-            log.error("group %s: %s; the unconfirmed batches' partitions are rewound and their "
-                      "records will be handled again", self.group, settled.error)
-            excluded = set(exclude)
-            self._rewind({tp: offset for tp, offset in settled.rewind.items()
-                          if tp in self._assigned and tp not in excluded})
-
-    def _wait_for_head(self) -> None:
-        """Too many batches unconfirmed: wait for the oldest (the broker is slower than us)."""
-        producer = self._require_producer()
-        while len(self._pipeline) > MAX_UNCONFIRMED_BATCHES:
-            head = self._pipeline.head
-            if head is not None and head.waiting > 0 and head.error is None:
-                producer.poll(0.005)
-            self._settle()
-
-    def _settle_all(self, exclude: Iterable[PartitionKey] = ()) -> None:
-        """Wait for every copy produced so far, then commit what was acknowledged."""
-        if not self._pipeline:
-            return
-        remaining = self._require_producer().flush(self._timeout_s)
-        if remaining > 0:
-            self._pipeline.expire_all(self._timeout_s)
-        while self._pipeline:
-            self._settle(exclude)
-
-    def _commit(self, offsets: Mapping[PartitionKey, int]) -> None:
-        partitions = [TopicPartition(topic, partition, offset)
-                      for (topic, partition), offset in offsets.items()]
-        try:
-            results = self._require_consumer().commit(offsets=partitions, asynchronous=False)
-        except KafkaException as exc:
-            # The records are finished but not committed: whoever owns the partitions next
-            # handles them again (at-least-once), which is all that can be done here.
-            log.warning("group %s: commit of %s failed: %s", self.group, offsets, exc)
-            return
-        for result in results:
-            if result.error is not None:
-                log.warning("group %s: commit of %s[%d] failed: %s", self.group, result.topic,
-                            result.partition, result.error)
-
-    def _commit_transaction(self, batch: Batch, offsets: Mapping[PartitionKey, int]) -> bool:
-        """The batch's copies and offsets in one transaction; False if it was aborted (a
-        ProducerFenced, from a newer instance with this transactional id, ends run())."""
-        assert self._transactions is not None
-        partitions = [TopicPartition(topic, partition, offset)
-                      for (topic, partition), offset in offsets.items()]
-        try:
-            self._transactions.commit(batch.out_records, partitions,
-                                      self._require_consumer().consumer_group_metadata())
-            return True
-        except TransactionAborted as exc:
-            log.error("group %s: %s; the batch's partitions are rewound", self.group, exc)
-            return False
-
-    def _rewind(self, first: Mapping[PartitionKey, int]) -> None:
-        consumer = self._require_consumer()
-        for (topic, partition), offset in first.items():
-            consumer.seek(TopicPartition(topic, partition, offset))
-
-    def _count_routed(self, copies: Iterable[Copy]) -> None:
-        for copy in copies:
-            decision = copy.decision
-            if isinstance(decision, Retry):
-                self.metrics.retried(copy.main_topic, decision.attempt)
-            else:
-                assert isinstance(decision, DeadLetter)
-                self.metrics.dead_lettered(copy.main_topic, decision.reason)
-
     # --- holds ---------------------------------------------------------------------------------
 
     def _hold(self, tp: PartitionKey, record: Record, until_ms: int, why: Why) -> None:
@@ -632,7 +517,7 @@ class RetryingConsumer:
         # Batches whose copies are still unconfirmed: wait for them and commit what was
         # acknowledged while the partitions are still ours (a lost partition is not ours any
         # more: nothing of it is committed, its next owner handles those records again).
-        self._settle_all(exclude=tps if kind == "lost" else ())
+        self._require_committer().settle_all(exclude=tps if kind == "lost" else ())
         self._holds.release(consumer, tps)
         self._in_place.drop(tps)
         self._assigned.difference_update(tps)
@@ -656,8 +541,8 @@ class RetryingConsumer:
             raise RedriveError(f"consumer of group {self.group!r} is not started; call start()")
         return self._consumer
 
-    def _require_producer(self) -> Producer:
-        if self._producer is None:
+    def _require_committer(self) -> Committer:
+        if self._committer is None:
             raise RedriveError(f"consumer of group {self.group!r} is not started; call start()")
-        return self._producer
+        return self._committer
 

@@ -12,6 +12,7 @@ from redrive import headers as h
 from redrive.consumer import RetryingConsumer
 from redrive.consumer.batch import Copy
 from redrive.consumer.commits import CommitPipeline, Pending
+from redrive.consumer.committer import Committer
 from redrive.errors import DeliveryFailed
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Origin, Record
@@ -141,7 +142,9 @@ def _fake_runtime(fails: set[bytes]) -> tuple[RetryingConsumer, FakeConsumer, Fa
         backoff=Backoff.fixed("1s"), attempts=3), handler)
     consumer, producer = FakeConsumer(), FakeProducer()
     runtime._consumer = consumer  # type: ignore[assignment]
-    runtime._producer = producer  # type: ignore[assignment]
+    runtime._committer = Committer("g", consumer, runtime._backend,  # type: ignore[arg-type]
+                                   runtime.metrics, runtime._assigned, 30.0,
+                                   producer=producer)  # type: ignore[arg-type]
     runtime._partitions = {"orders.g.retry.1s": 2, "orders.g.dlt": 2}
     runtime._assigned.update([A, B])
     return runtime, consumer, producer
@@ -157,10 +160,10 @@ def test_runtime_commits_only_after_every_earlier_copy_is_acknowledged() -> None
     runtime._handle_batch(_batch(0, range(5, 10)))
     assert consumer.commits == []  # nothing acknowledged yet: nothing committed
     producer.deliver([b"0-6"])  # the second batch's copy first
-    runtime._settle()
+    runtime._require_committer().settle()
     assert consumer.commits == []  # still behind the first batch
     producer.deliver()
-    runtime._settle()
+    runtime._require_committer().settle()
     assert consumer.commits == [{A: 10, B: 3}]
     assert runtime.metrics.total("redrive_retried_total") == 3
     assert runtime.metrics.total("redrive_processed_total") == 10
@@ -173,15 +176,16 @@ def test_a_delivery_failure_mid_pipeline_rewinds_and_loses_nothing() -> None:
     runtime._handle_batch(_batch(0, range(5, 10)) + _batch(1, range(0, 4)))  # a copy fails
     runtime._handle_batch(_batch(0, range(10, 15)) + _batch(1, range(4, 8)))  # fine, but later
     producer.deliver()
-    runtime._settle()
+    runtime._require_committer().settle()
     assert consumer.commits == [{A: 5}]  # the first batch only
     assert sorted(consumer.seeks) == [("orders", 0, 5), ("orders", 1, 0)]
-    assert not runtime._pipeline and runtime.metrics.total("redrive_retried_total") == 1
+    assert not runtime._require_committer().unconfirmed
+    assert runtime.metrics.total("redrive_retried_total") == 1
     # Handled again from the rewind, everything goes through and is committed.
     producer.fail_values = set()
     runtime._handle_batch(_batch(0, range(5, 15)) + _batch(1, range(0, 8)))
     producer.deliver()
-    runtime._settle()
+    runtime._require_committer().settle()
     assert consumer.commits[-1] == {A: 15, B: 8}
 
 
@@ -195,7 +199,7 @@ def test_revoke_commits_what_is_acknowledged_and_nothing_else() -> None:
     partitions = [_Partition(*A), _Partition(*B)]
     runtime._on_revoke(consumer, partitions)  # type: ignore[arg-type]
     assert consumer.commits == [{A: 5}]  # acknowledged before the failure; nothing after it
-    assert not runtime._pipeline and runtime._assigned == set()
+    assert not runtime._require_committer().unconfirmed and runtime._assigned == set()
 
 
 def test_lost_partitions_commit_nothing_of_theirs() -> None:
@@ -235,7 +239,7 @@ def test_failed_records_leave_no_reference_cycles() -> None:
     try:
         runtime._handle_batch(_batch(0, range(0, 4)) + copies)  # ends on a failed record
         producer.deliver()
-        runtime._settle()
+        runtime._require_committer().settle()
         left = gc.collect()
     finally:
         gc.enable()

@@ -13,6 +13,7 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.backends import BoundBackend, RetryBackend, Verdict
 from redrive.consumer import RetryingConsumer
+from redrive.consumer.committer import Committer
 from redrive.policy import RetryPolicy
 from redrive.record import Record
 from redrive.routing import Route
@@ -88,7 +89,10 @@ class FakeConsumer:
 def handle(bound: BoundBackend) -> None:
     runtime = RetryingConsumer("localhost:9", TOPIC, GROUP, RetryPolicy(), lambda record: None,
                                retry_backend=Backend(bound))
-    runtime._consumer = FakeConsumer()  # type: ignore[assignment]
+    consumer: Any = FakeConsumer()
+    runtime._consumer = consumer
+    runtime._committer = Committer(GROUP, consumer, runtime._backend, runtime.metrics,
+                                   runtime._assigned, 30.0)
     runtime._assigned.add((TOPIC, 0))
     runtime._handle_batch(BATCH)  # type: ignore[arg-type]
 
