@@ -41,7 +41,7 @@ from redrive.dev.postgres import DevPostgres
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler, StoreBackend
-from redrive.store.store import RowFilter
+from redrive.store.rows import RowFilter
 
 PARTITIONS = 4
 VALUE_BYTES = 100

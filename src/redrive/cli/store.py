@@ -13,9 +13,11 @@ from redrive.cli.options import bootstrap_option, metrics_port_option
 from redrive.clock import now_ms
 from redrive.errors import RedriveError
 from redrive.policy import to_ms
+from redrive.store.database import DEFAULT_PATH
+from redrive.store.rows import RowFilter, StoredRetry
 from redrive.store.scheduler import Scheduler
 from redrive.store.schema import STATUSES
-from redrive.store.store import DEFAULT_PATH, RetryStore, RowFilter, StoredRetry
+from redrive.store.store import RetryStore
 
 
 @click.group("store")

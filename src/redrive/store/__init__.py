@@ -7,10 +7,12 @@
 """
 
 from redrive.store.backend import StoreBackend
+from redrive.store.database import StoreUnavailable
 from redrive.store.notify import Webhook
+from redrive.store.rows import RowFilter, StoredRetry
 from redrive.store.scheduler import Pass, Scheduler
 from redrive.store.schema import PAYLOAD, REFERENCE, STATUSES
-from redrive.store.store import RetryStore, RowFilter, StoredRetry, StoreUnavailable
+from redrive.store.store import RetryStore
 
 __all__ = [
     "PAYLOAD",

@@ -19,8 +19,9 @@ from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.record import Origin, Record
 from redrive.routing import DeadLetter, Retry, Route
+from redrive.store.rows import Coordinates, Entry, StoredRetry, Success
 from redrive.store.schema import DEAD, IN_FLIGHT, MODES, PARKED, PAYLOAD, PENDING
-from redrive.store.store import Coordinates, Entry, RetryStore, StoredRetry, Success
+from redrive.store.store import RetryStore
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redrive.errors import InvalidArgument, RedriveError
-from redrive.store.store import RetryStore, StoredRetry
+from redrive.store.rows import StoredRetry
+from redrive.store.store import RetryStore
 
 log = logging.getLogger("redrive.store.notify")
 

@@ -31,8 +31,9 @@ from redrive.metrics import Metrics
 from redrive.record import Origin
 from redrive.signals import stop_on_signals
 from redrive.store.notify import DeadHook, Notifier, Webhook
+from redrive.store.rows import StoredRetry
 from redrive.store.schema import PAYLOAD
-from redrive.store.store import DueBatch, RetryStore, StoredRetry
+from redrive.store.store import DueBatch, RetryStore
 from redrive.topics import partition_for
 
 log = logging.getLogger("redrive.store.scheduler")

@@ -12,11 +12,7 @@ transactions that park or release records of a key hold an advisory lock on that
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
-import sqlite3
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,17 +24,13 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
-    Row,
     and_,
     bindparam,
-    create_engine,
     delete,
-    event,
     func,
     or_,
     select,
     text,
-    true,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -48,197 +40,38 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError
 from redrive.store import schema
+from redrive.store.database import DEFAULT_PATH, READ_ONLY, StoreUnavailable, database_url, engine
+from redrive.store.rows import (
+    EVERY_ROW,
+    Coordinates,
+    Entry,
+    RowFilter,
+    StoredRetry,
+    Success,
+    encode_headers,
+    key_digest,
+)
 from redrive.store.schema import (
     ACTIVE,
     DEAD,
     FINAL,
     IN_FLIGHT,
-    MODES,
     PARKED,
     PENDING,
-    STATUSES,
     SUCCEEDED,
     retries,
 )
 
-DEFAULT_PATH = Path(".redrive") / "store.db"
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-READ_ONLY = "redrive_read_only"
 # Records or keys looked up per statement by the bulk lookups: a poll batch's worth, with every
 # database's limit on bound parameters far away.
 LOOKUP_CHUNK = 500
-Headers = list[tuple[str, bytes]]
-Coordinates = tuple[str, int, int]  # a record's original topic, partition and offset
 _T = TypeVar("_T")
-
-
-class StoreUnavailable(RedriveError):
-    """The store's database cannot be reached or opened."""
-
-    def __init__(self, url: str, why: str) -> None:
-        self.url = url
-        super().__init__(f"retry store {url}: {why}")
 
 
 class UnknownRetry(RedriveError, LookupError):
     def __init__(self, retry_id: int) -> None:
         self.retry_id = retry_id
         super().__init__(f"no stored retry with id={retry_id}")
-
-
-
-def key_digest(key: bytes | None) -> str | None:
-    return None if key is None else hashlib.sha1(key, usedforsecurity=False).hexdigest()
-
-
-def encode_headers(headers: Sequence[tuple[str, bytes]]) -> str:
-    return json.dumps([[name, base64.b64encode(value).decode()] for name, value in headers])
-
-
-def decode_headers(raw: str | None) -> Headers:
-    return [(name, base64.b64decode(value)) for name, value in json.loads(raw or "[]")]
-
-
-@dataclass(frozen=True)
-class StoredRetry:
-    """One row of the store, as the scheduler, the CLI and notification hooks see it."""
-
-    id: int
-    group: str
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int | None
-    key: bytes | None
-    mode: str
-    value: bytes | None
-    headers: Headers
-    target: str | None
-    attempt: int
-    first_failure_ms: int | None
-    due_ms: int
-    status: str
-    reason: str | None
-    error_type: str | None
-    error_message: str | None
-    error_trace: str | None
-    created_ms: int
-    updated_ms: int
-    dispatched_ms: int | None
-    dispatches: int
-
-    @classmethod
-    def of(cls, row: Row[Any]) -> StoredRetry:
-        m = row._mapping
-        return cls(m["id"], m["group_id"], m["topic"], m["partition"], m["offset"],
-                   m["timestamp_ms"], m["key"], m["mode"], m["value"],
-                   decode_headers(m["headers"]), m["target"], m["attempt"],
-                   m["first_failure_ms"], m["due_ms"], m["status"], m["reason"],
-                   m["error_type"], m["error_message"], m["error_trace"], m["created_ms"],
-                   m["updated_ms"], m["dispatched_ms"], m["dispatches"])
-
-    @property
-    def destination(self) -> str:
-        return self.target or self.topic
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A record the runtime puts into the store: failed (pending or dead) or parked behind its key.
-
-    In reference mode `value` and `headers` are None: the scheduler reads the record back.
-    """
-
-    group: str
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int | None
-    key: bytes | None
-    mode: str
-    value: bytes | None
-    headers: Headers | None
-    target: str | None
-    attempt: int
-    first_failure_ms: int | None
-    due_ms: int
-    status: str
-    reason: str | None = None
-    error_type: str | None = None
-    error_message: str | None = None
-    error_trace: str | None = None
-    # The group keeps per-key order: a dead entry lets the next record parked behind it go.
-    ordered: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise InvalidArgument("mode", self.mode, f"expected one of {MODES}")
-        if self.status not in (PENDING, DEAD, PARKED):
-            raise InvalidArgument("status", self.status, "an entry is pending, dead or parked")
-
-
-@dataclass(frozen=True)
-class Success:
-    """A record the store dispatched was handled: its row (at this attempt) has succeeded.
-
-    `key` is given when the group keeps per-key order (the next parked record then goes), else
-    None: nothing can be parked behind it, and no lookup is spent on it.
-    """
-
-    group: str
-    topic: str
-    partition: int
-    offset: int
-    attempt: int
-    key: bytes | None
-
-
-@dataclass(frozen=True)
-class RowFilter:
-    """Which rows a CLI command or query looks at; every field given narrows it."""
-
-    ids: tuple[int, ...] = ()
-    group: str | None = None
-    topic: str | None = None
-    statuses: tuple[str, ...] = ()
-    error_type: str | None = None
-    older_than_ms: int | None = None  # stored at least this long ago
-    newer_than_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        for status in self.statuses:
-            if status not in STATUSES:
-                raise InvalidArgument("status", status, f"expected one of {STATUSES}")
-        for name in ("older_than_ms", "newer_than_ms"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise InvalidArgument(name, value, "must be >= 0")
-
-    @property
-    def narrows(self) -> bool:
-        return bool(self.ids or self.group or self.topic or self.statuses or self.error_type
-                    or self.older_than_ms is not None or self.newer_than_ms is not None)
-
-    def where(self, now: int) -> ColumnElement[bool]:
-        c = retries.c
-        parts: list[ColumnElement[bool]] = []
-        if self.ids:
-            parts.append(c.id.in_(self.ids))
-        if self.group is not None:
-            parts.append(c.group_id == self.group)
-        if self.topic is not None:
-            parts.append(c.topic == self.topic)
-        if self.statuses:
-            parts.append(c.status.in_(self.statuses))
-        if self.error_type is not None:
-            # "TimeoutError" finds "builtins.TimeoutError" and "app.errors.TimeoutError" alike.
-            parts.append(or_(c.error_type == self.error_type,
-                             c.error_type.like(f"%.{self.error_type}")))
-        if self.older_than_ms is not None:
-            parts.append(c.created_ms <= now - self.older_than_ms)
-        if self.newer_than_ms is not None:
-            parts.append(c.created_ms >= now - self.newer_than_ms)
-        return and_(true(), *parts)
 
 
 @dataclass
@@ -278,9 +111,9 @@ class RetryStore:
     """The durable retry store. `url`: a file path (SQLite) or a SQLAlchemy database URL."""
 
     def __init__(self, url: str | Path = DEFAULT_PATH, *, migrate: bool = True) -> None:
-        self.url = _database_url(url)
+        self.url = database_url(url)
         try:
-            self.engine: Engine = _engine(self.url)
+            self.engine: Engine = engine(self.url)
         except ArgumentError as exc:
             raise InvalidArgument("url", str(url), str(exc)) from exc
         self.dialect = self.engine.dialect.name
@@ -476,7 +309,7 @@ class RetryStore:
 
     # --- inspection and operator actions -------------------------------------------------------
 
-    def find(self, where: RowFilter = RowFilter(), *, limit: int | None = 100,
+    def find(self, where: RowFilter = EVERY_ROW, *, limit: int | None = 100,
              at_ms: int | None = None) -> list[StoredRetry]:
         at = now_ms() if at_ms is None else at_ms
         query = select(retries).where(where.where(at)).order_by(retries.c.id).limit(limit)
@@ -489,7 +322,7 @@ class RetryStore:
             raise UnknownRetry(retry_id)
         return found[0]
 
-    def counts(self, where: RowFilter = RowFilter()) -> dict[str, int]:
+    def counts(self, where: RowFilter = EVERY_ROW) -> dict[str, int]:
         query = (select(retries.c.status, func.count()).where(where.where(now_ms()))
                  .group_by(retries.c.status))
         with self._begin(read_only=True) as conn:
@@ -625,63 +458,3 @@ def _entry_row(entry: Entry, at: int) -> dict[str, Any]:
         "error_message": entry.error_message, "error_trace": entry.error_trace,
         "created_ms": at, "updated_ms": at, "dispatches": 0, "notified_ms": None,
     }
-
-
-def _database_url(url: str | Path) -> str:
-    if isinstance(url, Path) or "://" not in url:
-        path = Path(url).expanduser().resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{path}"
-    # psycopg 3 is the PostgreSQL driver redrive depends on; plain URLs mean it.
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
-    return url
-
-
-def _enable_wal(cursor: Any) -> None:
-    """Switch to WAL, waiting out other openers of a new file.
-
-    SQLite answers "database is locked" to a journal-mode change at once, without calling the
-    busy handler, while another connection holds the file: retry up to the busy timeout.
-    """
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
-def _engine(url: str) -> Engine:
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        engine = create_engine(url, connect_args={"check_same_thread": False,
-                                                  "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-
-        @event.listens_for(engine, "connect")
-        def _connect(dbapi_conn: Any, _record: Any) -> None:
-            # Transactions are begun by hand below, not by the sqlite3 module's own rules.
-            dbapi_conn.isolation_level = None
-            cursor = dbapi_conn.cursor()
-            _enable_wal(cursor)
-            # A row written means a record whose offset may be committed: FULL survives
-            # power loss, which NORMAL in WAL mode does not.
-            cursor.execute("PRAGMA synchronous=FULL")
-            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-            cursor.close()
-
-        @event.listens_for(engine, "begin")
-        def _begin(conn: Connection) -> None:
-            # Readers need no lock in WAL mode; the consumer looks rows up once per retry.
-            read_only = conn.get_execution_options().get(READ_ONLY, False)
-            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
-
-        return engine
-    if parsed.get_backend_name() != "postgresql":
-        raise InvalidArgument("url", parsed.render_as_string(hide_password=True),
-                              "the retry store runs on SQLite (a file path) or PostgreSQL")
-    return create_engine(url, pool_pre_ping=True)

@@ -23,8 +23,8 @@ from redrive.clock import now_ms
 from redrive.dev.postgres import DevPostgres
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler
+from redrive.store.rows import Entry
 from redrive.store.schema import PENDING
-from redrive.store.store import Entry
 
 from ..background import Background, Runnable
 

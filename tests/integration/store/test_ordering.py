@@ -14,8 +14,8 @@ from redrive.consumer import RetryingConsumer
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, StoreBackend
+from redrive.store.rows import RowFilter
 from redrive.store.schema import DEAD
-from redrive.store.store import RowFilter
 
 from ..consumer.conftest import FAST_GROUP, produce, wait_until
 from .conftest import Background, scheduler

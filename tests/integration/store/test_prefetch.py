@@ -19,6 +19,7 @@ from redrive.record import Delivery, Origin, Record
 from redrive.routing import Retry
 from redrive.store import RetryStore, StoreBackend
 from redrive.store import store as store_module
+from redrive.store.rows import RowFilter, Success
 from redrive.store.schema import (
     CANCELLED,
     DEAD,
@@ -28,7 +29,6 @@ from redrive.store.schema import (
     SUCCEEDED,
     retries,
 )
-from redrive.store.store import RowFilter, Success
 
 from ..consumer.conftest import FAST_GROUP, produce, wait_until
 from .conftest import Background, entry, scheduler

@@ -21,8 +21,9 @@ from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry
+from redrive.store.rows import RowFilter
 from redrive.store.schema import DEAD, PENDING, REFERENCE, SUCCEEDED
-from redrive.store.store import DueBatch, RowFilter
+from redrive.store.store import DueBatch
 from redrive.topics import plan
 
 from ..consumer.conftest import FAST_GROUP, produce, read_all, topic_size, wait_until

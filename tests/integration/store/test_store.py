@@ -11,6 +11,7 @@ from sqlalchemy import update
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument
 from redrive.store import RetryStore, RowFilter
+from redrive.store.rows import Success
 from redrive.store.schema import (
     CANCELLED,
     DEAD,
@@ -22,7 +23,6 @@ from redrive.store.schema import (
     SchemaTooNew,
     versions,
 )
-from redrive.store.store import Success
 
 from .conftest import entry
 

@@ -12,9 +12,10 @@ from redrive.consumer import RetryingConsumer
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.store import RetryStore, StoreBackend, StoredRetry
+from redrive.store.database import database_url
 from redrive.store.notify import describe
+from redrive.store.rows import RowFilter, decode_headers, encode_headers
 from redrive.store.scheduler import _fields
-from redrive.store.store import RowFilter, _database_url, decode_headers, encode_headers
 
 
 def row(**overrides: object) -> StoredRetry:
@@ -29,11 +30,11 @@ def row(**overrides: object) -> StoredRetry:
 
 
 def test_urls_paths_and_drivers(tmp_path: Path) -> None:
-    assert _database_url(str(tmp_path / "a" / "s.db")) == f"sqlite:///{tmp_path}/a/s.db"
+    assert database_url(str(tmp_path / "a" / "s.db")) == f"sqlite:///{tmp_path}/a/s.db"
     assert (tmp_path / "a").is_dir()
-    assert _database_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
-    assert _database_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
-    assert _database_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert database_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert database_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert database_url("sqlite:///x.db") == "sqlite:///x.db"
 
 
 def test_headers_survive_encoding_byte_for_byte() -> None:

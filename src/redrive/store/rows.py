@@ -1,0 +1,176 @@
+"""What the retry store holds and how rows are picked: a stored row, an entry a runtime writes,
+a success it reports, and the filter the CLI and queries narrow rows with."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, and_, or_, true
+
+from redrive.errors import InvalidArgument
+from redrive.store.schema import DEAD, MODES, PARKED, PENDING, STATUSES, retries
+
+Headers = list[tuple[str, bytes]]
+Coordinates = tuple[str, int, int]  # a record's original topic, partition and offset
+
+
+def key_digest(key: bytes | None) -> str | None:
+    return None if key is None else hashlib.sha1(key, usedforsecurity=False).hexdigest()
+
+
+def encode_headers(headers: Sequence[tuple[str, bytes]]) -> str:
+    return json.dumps([[name, base64.b64encode(value).decode()] for name, value in headers])
+
+
+def decode_headers(raw: str | None) -> Headers:
+    return [(name, base64.b64decode(value)) for name, value in json.loads(raw or "[]")]
+
+
+@dataclass(frozen=True)
+class StoredRetry:
+    """One row of the store, as the scheduler, the CLI and notification hooks see it."""
+
+    id: int
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    mode: str
+    value: bytes | None
+    headers: Headers
+    target: str | None
+    attempt: int
+    first_failure_ms: int | None
+    due_ms: int
+    status: str
+    reason: str | None
+    error_type: str | None
+    error_message: str | None
+    error_trace: str | None
+    created_ms: int
+    updated_ms: int
+    dispatched_ms: int | None
+    dispatches: int
+
+    @classmethod
+    def of(cls, row: Row[Any]) -> StoredRetry:
+        m = row._mapping
+        return cls(m["id"], m["group_id"], m["topic"], m["partition"], m["offset"],
+                   m["timestamp_ms"], m["key"], m["mode"], m["value"],
+                   decode_headers(m["headers"]), m["target"], m["attempt"],
+                   m["first_failure_ms"], m["due_ms"], m["status"], m["reason"],
+                   m["error_type"], m["error_message"], m["error_trace"], m["created_ms"],
+                   m["updated_ms"], m["dispatched_ms"], m["dispatches"])
+
+    @property
+    def destination(self) -> str:
+        return self.target or self.topic
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A record the runtime puts into the store: failed (pending or dead) or parked behind its key.
+
+    In reference mode `value` and `headers` are None: the scheduler reads the record back.
+    """
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    mode: str
+    value: bytes | None
+    headers: Headers | None
+    target: str | None
+    attempt: int
+    first_failure_ms: int | None
+    due_ms: int
+    status: str
+    reason: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    error_trace: str | None = None
+    # The group keeps per-key order: a dead entry lets the next record parked behind it go.
+    ordered: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidArgument("mode", self.mode, f"expected one of {MODES}")
+        if self.status not in (PENDING, DEAD, PARKED):
+            raise InvalidArgument("status", self.status, "an entry is pending, dead or parked")
+
+
+@dataclass(frozen=True)
+class Success:
+    """A record the store dispatched was handled: its row (at this attempt) has succeeded.
+
+    `key` is given when the group keeps per-key order (the next parked record then goes), else
+    None: nothing can be parked behind it, and no lookup is spent on it.
+    """
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    attempt: int
+    key: bytes | None
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """Which rows a CLI command or query looks at; every field given narrows it."""
+
+    ids: tuple[int, ...] = ()
+    group: str | None = None
+    topic: str | None = None
+    statuses: tuple[str, ...] = ()
+    error_type: str | None = None
+    older_than_ms: int | None = None  # stored at least this long ago
+    newer_than_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        for status in self.statuses:
+            if status not in STATUSES:
+                raise InvalidArgument("status", status, f"expected one of {STATUSES}")
+        for name in ("older_than_ms", "newer_than_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise InvalidArgument(name, value, "must be >= 0")
+
+    @property
+    def narrows(self) -> bool:
+        return bool(self.ids or self.group or self.topic or self.statuses or self.error_type
+                    or self.older_than_ms is not None or self.newer_than_ms is not None)
+
+    def where(self, now: int) -> ColumnElement[bool]:
+        c = retries.c
+        parts: list[ColumnElement[bool]] = []
+        if self.ids:
+            parts.append(c.id.in_(self.ids))
+        if self.group is not None:
+            parts.append(c.group_id == self.group)
+        if self.topic is not None:
+            parts.append(c.topic == self.topic)
+        if self.statuses:
+            parts.append(c.status.in_(self.statuses))
+        if self.error_type is not None:
+            # "TimeoutError" finds "builtins.TimeoutError" and "app.errors.TimeoutError" alike.
+            parts.append(or_(c.error_type == self.error_type,
+                             c.error_type.like(f"%.{self.error_type}")))
+        if self.older_than_ms is not None:
+            parts.append(c.created_ms <= now - self.older_than_ms)
+        if self.newer_than_ms is not None:
+            parts.append(c.created_ms >= now - self.newer_than_ms)
+        return and_(true(), *parts)
+
+
+EVERY_ROW = RowFilter()
