@@ -54,7 +54,9 @@ def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy,
             delivery = h.read_delivery(record.headers)
         except MalformedHeader as exc:
             return _malformed(record, ErrorInfo.from_exception(exc), policy, now_ms, group)
-    if isinstance(info.exception, MalformedHeader):
+    # An error without a type can only come as data (a Spark transform's error column): it
+    # cannot be classified, and is kept whole as a malformed dead letter rather than guessed at.
+    if isinstance(info.exception, MalformedHeader) or not info.type_name:
         return _malformed(record, info, policy, now_ms, group)
 
     origin = delivery.original or Origin(record.topic, record.partition, record.offset,

@@ -1,9 +1,14 @@
-"""What a RetryPipeline did with its records, counted on the driver batch by batch."""
+"""What a RetryPipeline did with its records: each batch's report, and the running totals."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+RETRY, DEAD_LETTER = "retry", "dead-letter"
 
 
 @dataclass
@@ -34,3 +39,68 @@ class PipelineStats:
     def finished(self) -> int:
         """Records that reached an end: succeeded, dead-lettered or dropped by policy."""
         return self.succeeded + self.dead_lettered + sum(self.dropped_by_reason.values())
+
+    def add(self, report: BatchReport) -> None:
+        self.batches += 1
+        for row in report.outcomes:
+            self.records += row.n
+            self.early += row.early
+            self.in_place_retries += row.in_place
+            if row.status == OK:
+                self.succeeded_by_retries[row.attempt] += row.n
+            elif row.status == SKIPPED:
+                self.skipped += row.n
+        for route in report.routes:
+            if route.kind == RETRY:
+                self.retried_by_attempt[route.attempt] += route.n
+            elif route.topic is None:
+                self.dropped_by_reason[route.reason or ""] += route.n
+            else:
+                self.dead_lettered_by_reason[route.reason or ""] += route.n
+
+
+class Outcomes(NamedTuple):
+    """How many records of a batch had one status, attempt, topic and skip reason."""
+
+    status: str
+    attempt: int
+    topic: str
+    skip_reason: str | None
+    n: int
+    early: int = 0  # of them, handled before their due time
+    in_place: int = 0  # in-place retries they took
+
+
+class Routed(NamedTuple):
+    """How many failed records went one way: a retry topic, the dead-letter topic, or nowhere
+    (`topic` None: the policy has no dead-letter topic)."""
+
+    kind: str  # RETRY or DEAD_LETTER
+    reason: str | None  # the dead-letter reason; None for a retry
+    attempt: int
+    topic: str | None
+    n: int
+    source_topic: str = ""  # the topic the failed records were read from
+    source_attempt: int = -1  # the attempt they were on; -1 where their headers are unreadable
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What one micro-batch did, as the batch's body reports it to the pipeline's client."""
+
+    batch: int
+    outcomes: tuple[Outcomes, ...] = ()
+    routes: tuple[Routed, ...] = ()
+    handler_us: tuple[int, ...] = ()  # a sample of handler times
+    late_s: tuple[float, ...] = ()  # a sample of lateness past due
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "outcomes": [list(o) for o in self.outcomes],
+                "routes": [list(r) for r in self.routes], "handler_us": list(self.handler_us),
+                "late_s": list(self.late_s)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchReport:
+        return cls(int(data["batch"]), tuple(Outcomes(*o) for o in data.get("outcomes", ())),
+                   tuple(Routed(*r) for r in data.get("routes", ())),
+                   tuple(data.get("handler_us", ())), tuple(data.get("late_s", ())))

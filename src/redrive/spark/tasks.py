@@ -25,10 +25,10 @@ from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Route, route
 from redrive.spark.gc_pause import gc_paused
+from redrive.spark.ledger import CopyKey, copy_key
+from redrive.spark.outcomes import DEAD_LETTER, FAILED, OK, RETRY, SKIPPED
 from redrive.spark.writer import cached_producer
 from redrive.topics import partition_for
-
-OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 
 RecordFunction = Callable[[dict[str, Any]], Mapping[str, Any]]
 BatchFunction = Callable[[Any], Any]  # pandas.DataFrame -> pandas.DataFrame with an error column
@@ -63,6 +63,8 @@ ROUTE_COUNTS_SCHEMA = pa.schema([
     ("attempt", pa.int32()),
     ("topic", pa.string()),
     ("count", pa.int64()),
+    ("source_topic", pa.string()),
+    ("source_attempt", pa.int32()),
 ])
 
 
@@ -308,8 +310,8 @@ def _routed(record: Record, error: ErrorInfo, policy: RetryPolicy, group: str,
     """A failed record's route, the route's kind and dead-letter reason (None for a retry), and
     the copy's partition."""
     decision = route(record, error, policy, now, group=group)
-    kind, reason = (("dead-letter", decision.reason) if isinstance(decision, DeadLetter)
-                    else ("retry", None))
+    kind, reason = ((DEAD_LETTER, decision.reason) if isinstance(decision, DeadLetter)
+                    else (RETRY, None))
     count = partitions.get(decision.topic, 0) if decision.topic is not None else 0
     return decision, kind, reason, partition_for(decision.partition, count)
 
@@ -351,9 +353,11 @@ class RouteAndProduce:
     partitions: Mapping[str, int]
     connection: kafka.Connection
     timeout_s: float = 30.0
+    # Copies a replayed batch already wrote before it was cut short (see ledger).
+    already: frozenset[CopyKey] = frozenset()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        counts: Counter[tuple[str, str | None, int, str | None]] = Counter()
+        counts: Counter[tuple[str, str | None, int, str | None, str, int]] = Counter()
 
         def copies() -> Iterator[kafka.OutRecord]:
             for batch in batches:
@@ -361,14 +365,28 @@ class RouteAndProduce:
                 for record, error in failures(batch):
                     decision, kind, reason, partition = _routed(
                         record, error, self.policy, self.group, self.partitions, now)
-                    counts[(kind, reason, decision.attempt, decision.topic)] += 1
-                    if decision.topic is not None:
+                    counts[(kind, reason, decision.attempt, decision.topic, record.topic,
+                            _source_attempt(record, decision))] += 1
+                    if decision.topic is not None and not (
+                            self.already and copy_key(decision.headers) in self.already):
                         yield kafka.OutRecord(decision.topic, record.value, record.key,
                                               decision.headers, partition)
 
         with gc_paused():
             kafka.produce_confirmed(cached_producer(self.connection), copies(), self.timeout_s)
         yield pa.RecordBatch.from_pylist(
-            [{"kind": kind, "reason": reason, "attempt": attempt, "topic": topic, "count": n}
-             for (kind, reason, attempt, topic), n in counts.items()],
+            [{"kind": kind, "reason": reason, "attempt": attempt, "topic": topic, "count": n,
+              "source_topic": source, "source_attempt": source_attempt}
+             for (kind, reason, attempt, topic, source, source_attempt), n in counts.items()],
             schema=ROUTE_COUNTS_SCHEMA)
+
+
+def _source_attempt(record: Record, decision: Route) -> int:
+    """The attempt the failed record was on: the one before its route's, except for a malformed
+    dead letter, which restarts at 1 (and whose headers may not be readable)."""
+    if isinstance(decision, DeadLetter) and decision.reason == "malformed":
+        try:
+            return h.read_delivery(record.headers).attempt
+        except MalformedHeader:
+            return -1
+    return decision.attempt - 1

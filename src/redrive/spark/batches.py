@@ -1,0 +1,347 @@
+"""What RetryPipeline does with each micro-batch: its foreachBatch body.
+
+The body is a module-level frozen dataclass holding only data and the user's functions, so that
+Spark Connect can pickle it to the server, where foreachBatch runs; it reports to the pipeline's
+client through the batch ledger. Per batch: outcomes are computed (the user's function on the
+executors, or the user's DataFrame transform in the JVM), successes are written to the sink keyed
+by the batch id, failures are copied to their retry or dead-letter topics with delivery
+confirmation, and only then does Spark commit the batch. A replayed batch (after a crash) writes
+the same sink partition over, copies only what its first run did not, and reports nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.backends import BoundBackend, Verdict
+from redrive.clock import now_ms
+from redrive.errors import MalformedHeader
+from redrive.metrics import SKIPPED_OTHER_GROUP
+from redrive.policy import RetryPolicy
+from redrive.record import Record
+from redrive.routing import DeadLetter, Retry, Route
+from redrive.spark import ledger, tasks
+from redrive.spark.columns import REDRIVE_COLUMN
+from redrive.spark.failures import route_rows, routing_rows
+from redrive.spark.outcomes import (
+    DEAD_LETTER,
+    FAILED,
+    OK,
+    RETRY,
+    SKIPPED,
+    BatchReport,
+    Outcomes,
+    Routed,
+)
+from redrive.spark.writer import cached_producer
+
+log = logging.getLogger("redrive.spark")
+
+Sink = Callable[[Any, int], None] | str
+Transform = Callable[[Any], Any]
+# The column of a path or table sink that keys each row by the batch that wrote it, so that a
+# replayed batch overwrites its own rows instead of adding them again.
+BATCH_COLUMN = "redrive_batch"
+# Handler time and lateness are observed on at most this many records per batch: enough for
+# quantiles.
+SAMPLE = 2_000
+
+
+@dataclass(frozen=True)
+class BatchBody:
+    connection: kafka.Connection
+    group: str
+    policy: RetryPolicy  # for in-place retries on the executors
+    route_policy: RetryPolicy  # for routing (the backend's, if it has its own)
+    sink: Sink
+    sink_format: str
+    checkpoint: str  # names the query run in the ledger
+    partitions: Mapping[str, int]
+    destinations: tuple[str, ...]
+    function: tasks.RecordFunction | None = None
+    batch_function: tasks.BatchFunction | None = None
+    transform: Transform | None = None
+    output_schema: Any = None
+    error_column: str = "error"
+    # A store or other backend deciding on the driver; only with a classic session, where the
+    # body is called in the client's own process and never pickled.
+    backend: BoundBackend | None = field(default=None, compare=False)
+
+    @property
+    def ledger_topic(self) -> str:
+        return ledger.ledger_topic(self.group)
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        previous = ledger.last(self.connection, self.ledger_topic)
+        if previous is not None and previous.report.get("checkpoint") != self.checkpoint:
+            previous = None  # another query's batches (a new checkpoint starts at 0 again)
+        if previous is not None and previous.batch == batch_id and previous.state == ledger.DONE:
+            log.info("pipeline %s: batch %d was handled before a restart", self.group, batch_id)
+            return
+        resumed = previous if previous is not None and previous.batch == batch_id else None
+        report = BatchReport(batch_id)
+        if self.backend is not None:
+            frame = frame.persist()
+            try:
+                report = self._functions(frame, batch_id, self._admit(frame), None)
+                self.backend.flush()  # outcomes stored before Spark commits the batch
+            except BaseException:
+                self.backend.discard()
+                raise
+            finally:
+                frame.unpersist()
+        elif self.transform is not None:
+            report = self._transformed(frame, batch_id, resumed)
+        else:
+            report = self._functions(frame, batch_id, {}, resumed)
+        data = {**report.to_dict(), "checkpoint": self.checkpoint}
+        ledger.append(self._producer(), self.ledger_topic, ledger.Entry(batch_id, ledger.DONE,
+                                                                         report=data))
+
+    def _producer(self) -> Any:
+        return cached_producer(self.connection)
+
+    # --- the per-record and pandas forms -------------------------------------------------------
+
+    def _functions(self, frame: Any, batch_id: int, skip: dict[tasks.Coordinates, str],
+                   resumed: ledger.Entry | None) -> BatchReport:
+        from pyspark.sql import functions as F
+
+        processed = self._processed(frame, skip).persist()
+        try:
+            self._write_sink(processed.where(F.col("status") == OK).select("output.*"), batch_id)
+            outcomes = _count_processed(processed)
+            routes: tuple[Routed, ...] = ()
+            if any(o.status == FAILED for o in outcomes):
+                failed = (processed.where(F.col("status") == FAILED)
+                          .select(*tasks.ROUTING_COLUMNS))
+                routes = (self._route_to_backend(failed) if self.backend is not None
+                          else self._route(failed, batch_id, resumed))
+            if self.backend is not None:
+                for record in _records(processed.where((F.col("status") == OK)
+                                                       & _has_redrive())):
+                    self.backend.succeeded(record)
+            handler_us, late_s = _samples(processed)
+        finally:
+            processed.unpersist()
+        return BatchReport(batch_id, outcomes, routes, handler_us, late_s)
+
+    def _processed(self, frame: Any, skip: dict[tasks.Coordinates, str]) -> Any:
+        """The batch with each record's outcome: status, error columns and the user's output."""
+        from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
+        from pyspark.sql.types import StructField, StructType
+
+        extra = [StructField(name, from_arrow_type(kind)) for name, kind in tasks.STATUS_COLUMNS]
+        schema = StructType([*frame.schema.fields, *extra,
+                             StructField("output", self.output_schema)])
+        body = partial(tasks.process_batches, record_function=self.function,
+                       batch_function=self.batch_function, error_column=self.error_column,
+                       policy=self.policy, group=self.group,
+                       output_type=to_arrow_type(self.output_schema), skip=skip)
+        return frame.mapInArrow(body, schema)
+
+    # --- the DataFrame form --------------------------------------------------------------------
+
+    def _transformed(self, frame: Any, batch_id: int, resumed: ledger.Entry | None
+                     ) -> BatchReport:
+        from pyspark.sql import functions as F
+
+        assert self.transform is not None
+        redrive = F.col(REDRIVE_COLUMN)
+        owner = redrive.getField("group")
+        mine = owner.isNull() | (owner == F.lit(self.group))
+        malformed = redrive.getField("malformed").isNotNull()
+        frame = frame.persist()  # read by the transform, the counts and the routing join
+        output = None
+        try:
+            output = self.transform(frame.where(mine & ~malformed)).persist()
+            error = F.col(self.error_column)
+            self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
+            now = now_ms()
+            kind = (F.when(~mine, F.lit(SKIPPED)).when(malformed, F.lit(FAILED))
+                    .otherwise(F.lit(OK)))
+            early = F.when(redrive.getField("due") > F.timestamp_millis(F.lit(now)), 1)
+            counted = (frame.groupBy(kind.alias("status"), redrive.getField("attempt")
+                                     .alias("attempt"), "topic")
+                       .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"))
+                       .collect())
+            failed = output.where(error.isNotNull()).limit(1).count() > 0
+            routes: tuple[Routed, ...] = ()
+            if failed or any(row["status"] == FAILED for row in counted):
+                rows = routing_rows(output, self.error_column, source=frame)
+                if any(row["status"] == FAILED for row in counted):
+                    rows = rows.unionByName(routing_rows(frame.where(malformed), None))
+                routes = self._route(rows, batch_id, resumed)
+            late = ((F.lit(now) - F.unix_millis(redrive.getField("due"))) / 1000)
+            late_s = tuple(row[0] for row in frame.where(mine & redrive.getField("due").isNotNull())
+                           .select(late).limit(SAMPLE).collect())
+        finally:
+            if output is not None:
+                output.unpersist()
+            frame.unpersist()
+        return BatchReport(batch_id, _outcomes_of(counted, routes), routes, (), late_s)
+
+    # --- routing and the sink ------------------------------------------------------------------
+
+    def _route(self, rows: Any, batch_id: int, resumed: ledger.Entry | None
+               ) -> tuple[Routed, ...]:
+        """Copy failed rows with confirmation; a resumed batch skips copies already written."""
+        already: frozenset[ledger.CopyKey] = frozenset()
+        if resumed is not None and resumed.state == ledger.ROUTING:
+            already = frozenset(ledger.copies_since(self.connection, resumed.marks))
+            log.info("pipeline %s: batch %d resumes routing; %d copies already written",
+                     self.group, batch_id, len(already))
+        else:
+            consumer = kafka.consumer(self.connection)
+            try:
+                counts = {t: self.partitions.get(t, 0) for t in self.destinations}
+                marks = ledger.ends(consumer, counts)
+            finally:
+                consumer.close()
+            ledger.append(self._producer(), self.ledger_topic,
+                          ledger.Entry(batch_id, ledger.ROUTING, marks,
+                                       {"checkpoint": self.checkpoint}))
+        return tuple(route_rows(rows, self.connection, self.group, self.route_policy,
+                                self.partitions, already))
+
+    def _write_sink(self, successes: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        if callable(self.sink):
+            self.sink(successes, batch_id)
+            return
+        rows = successes.withColumn(BATCH_COLUMN, F.lit(batch_id))
+        writer = (rows.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+                  .format(self.sink_format))
+        if "/" in self.sink or ":" in self.sink:
+            writer.partitionBy(BATCH_COLUMN).save(self.sink)
+        elif rows.sparkSession.catalog.tableExists(self.sink):
+            rows.write.insertInto(self.sink, overwrite=True)
+        else:
+            writer.partitionBy(BATCH_COLUMN).saveAsTable(self.sink)
+
+    # --- a backend deciding on the driver ------------------------------------------------------
+
+    def _admit(self, frame: Any) -> dict[tasks.Coordinates, str]:
+        """Ask the backend, in offset order, which copies it has already seen an outcome for."""
+        assert self.backend is not None
+        refused: dict[tasks.Coordinates, str] = {}
+        records = sorted(_records(frame.where(_has_redrive())),
+                         key=lambda r: (r.topic, r.partition, r.offset))
+        self.backend.prefetch(records)
+        for record in records:
+            verdict = self.backend.admit(record)
+            if verdict is not Verdict.PROCESS:
+                refused[(record.topic, record.partition, record.offset)] = verdict.value
+        return refused
+
+    def _route_to_backend(self, failed: Any) -> tuple[Routed, ...]:
+        """Route on executors, then hand each decision to the backend on the driver."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        assert self.backend is not None
+        routed = failed.mapInArrow(
+            partial(tasks.route_batches, policy=self.route_policy, group=self.group,
+                    partitions=dict(self.partitions)),
+            from_arrow_schema(tasks.ROUTED_SCHEMA)).collect()
+        copies: list[kafka.OutRecord] = []
+        counts: Counter[tuple[str, str | None, int, str | None]] = Counter()
+        for row in routed:
+            pairs = [(pair["key"], bytes(pair["value"])) for pair in row["headers"]]
+            decision = _decision(row, pairs)
+            record = Record(row["topic"] or "", -1, -1, -1, tasks.optional_bytes(row["key"]),
+                            tasks.optional_bytes(row["value"]), pairs, h.read_delivery(pairs))
+            copy = self.backend.failed(record, decision, self.partitions)
+            if copy is not None:
+                copies.append(copy)
+            counts[(row["kind"], row["reason"], row["attempt"], row["topic"])] += 1
+        if copies:
+            kafka.produce_confirmed(self._producer(), copies)
+        return tuple(Routed(*key, n) for key, n in counts.items())
+
+
+def _outcomes_of(counted: list[Any], routes: tuple[Routed, ...]) -> tuple[Outcomes, ...]:
+    """A transformed batch's outcomes: its rows by class, those the transform failed moved from
+    OK to FAILED by what routing found of them."""
+    failed_from: Counter[tuple[int, str]] = Counter()
+    for route in routes:
+        if route.source_attempt >= 0:
+            failed_from[(route.source_attempt, route.source_topic)] += route.n
+    outcomes = []
+    for row in counted:
+        status, attempt, topic, n = row["status"], row["attempt"], row["topic"], row["n"]
+        if status == OK:
+            failed = min(n, failed_from.pop((attempt, topic), 0))
+            if failed:
+                outcomes.append(Outcomes(FAILED, attempt, topic, None, failed))
+            n -= failed
+        skip = SKIPPED_OTHER_GROUP if status == SKIPPED else None
+        if n:
+            outcomes.append(Outcomes(status, attempt, topic, skip, n, row["early"]))
+    return tuple(outcomes)
+
+
+def _count_processed(processed: Any) -> tuple[Outcomes, ...]:
+    from pyspark.sql import functions as F
+
+    early = F.when(F.col("due_ms").isNotNull() & (F.col("handled_ms") < F.col("due_ms")), 1)
+    rows = (processed.groupBy("status", "attempt", "topic", "skip_reason")
+            .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"),
+                 F.sum("in_place").alias("in_place"))
+            .collect())
+    return tuple(Outcomes(row["status"], row["attempt"], row["topic"], row["skip_reason"],
+                          row["n"], row["early"], row["in_place"] or 0) for row in rows)
+
+
+def _samples(processed: Any) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Handler times and lateness past due, from one sample of the batch (one Spark job)."""
+    from pyspark.sql import functions as F
+
+    late = ((F.col("handled_ms") - F.col("due_ms")) / 1000).alias("late")
+    handler_us: list[int] = []
+    late_s: list[float] = []
+    for row in (processed.where(F.col("handler_us").isNotNull() | F.col("due_ms").isNotNull())
+                .select("handler_us", late).limit(SAMPLE).collect()):
+        if row["handler_us"] is not None:
+            handler_us.append(row["handler_us"])
+        if row["late"] is not None:
+            late_s.append(row["late"])
+    return tuple(handler_us), tuple(late_s)
+
+
+def _has_redrive() -> Any:
+    from pyspark.sql import functions as F
+
+    return F.exists("headers", lambda pair: pair["key"].startswith(h.PREFIX))
+
+
+def _records(frame: Any) -> list[Record]:
+    """Rows of the batch as Records, for the backend on the driver (malformed ones left out)."""
+    records = []
+    # The backend decides by coordinates, history and key: values stay on the executors.
+    for row in frame.select("topic", "partition", "offset", "timestamp", "key",
+                            "headers").collect():
+        record = tasks.record_of(row.asDict())
+        try:
+            delivery = h.read_delivery(record.headers)
+        except MalformedHeader:
+            continue  # the executor step failed it as malformed; routing dead-letters it
+        records.append(Record(record.topic, record.partition, record.offset,
+                              record.timestamp_ms, record.key, record.value, record.headers,
+                              delivery))
+    return records
+
+
+def _decision(row: Any, pairs: list[tuple[str, bytes]]) -> Route:
+    if row["kind"] == RETRY:
+        return Retry(row["topic"], h.read_due(pairs) or 0, pairs, row["attempt"],
+                     row["partition"])
+    assert row["kind"] == DEAD_LETTER
+    return DeadLetter(row["topic"], pairs, row["reason"], row["attempt"], row["partition"])

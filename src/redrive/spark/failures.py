@@ -1,0 +1,129 @@
+"""route_failures: copy a batch's failed rows to their retry or dead-letter topics, from inside a
+user's own foreachBatch, and say how many went where.
+
+Errors are data here: a struct column `error` (`type`, `message`; null on success), as a
+DataFrame transform computes them in the JVM. Classification goes by the type's name
+(`error_type("ParseError")`) and the message; a row whose error has no type cannot be classified
+and goes to the dead-letter topic as `malformed`, as does a row whose redrive headers are
+unreadable (`redrive.malformed`, from `retry_stream`). Routing and producing run on the
+executors in one job, and the call returns only once the broker acknowledged every copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from redrive import kafka, topics
+from redrive.arguments import check_instance
+from redrive.errors import InvalidArgument
+from redrive.policy import RetryPolicy
+from redrive.spark import tasks
+from redrive.spark.columns import REDRIVE_COLUMN
+from redrive.spark.ledger import CopyKey
+from redrive.spark.outcomes import DEAD_LETTER, RETRY, Routed
+
+IDENTITY = ("topic", "partition", "offset")
+_KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
+
+
+class RouteCounts(tuple[Routed, ...]):
+    """What route_failures did: one Routed per (kind, reason, attempt, topic)."""
+
+    @property
+    def retried(self) -> int:
+        return sum(r.n for r in self if r.kind == RETRY)
+
+    @property
+    def dead_lettered(self) -> int:
+        return sum(r.n for r in self if r.kind == DEAD_LETTER and r.topic is not None)
+
+    @property
+    def total(self) -> int:
+        return sum(r.n for r in self)
+
+
+def check_error_column(schema: Any, name: str) -> None:
+    """The error column must be struct<type: string, message: string>; fail naming what is."""
+    from pyspark.sql.types import StringType, StructType
+
+    if name not in schema.names:
+        raise InvalidArgument("error_column", name,
+                              f"the DataFrame has no such column (it has {schema.names})")
+    found = schema[name].dataType
+    fields = {f.name: f.dataType for f in found.fields} if isinstance(found, StructType) else {}
+    if not (isinstance(fields.get("type"), StringType)
+            and isinstance(fields.get("message"), StringType)):
+        raise InvalidArgument("error_column", f"{name} {found.simpleString()}",
+                              "expected struct<type: string, message: string>")
+
+
+def routing_rows(frame: Any, error_column: str | None, source: Any = None) -> Any:
+    """The failed rows of `frame` in the routing job's columns (tasks.ROUTING_COLUMNS).
+
+    Without `source`, `frame` must keep the Kafka columns; with it, `frame` needs only the
+    record's identity (topic, partition, offset) and the rest is joined from `source`. With no
+    error column, only rows with unreadable redrive headers have failed.
+    """
+    from pyspark.sql import functions as F
+
+    if error_column is None:
+        failed, error_type, error_message = F.lit(False), F.lit(""), F.lit("")
+    else:
+        error = F.col(error_column)
+        failed = error.isNotNull()
+        error_type = F.coalesce(error.getField("type"), F.lit(""))
+        error_message = F.coalesce(error.getField("message"), F.lit(""))
+    if REDRIVE_COLUMN in frame.columns:
+        malformed = F.col(REDRIVE_COLUMN).getField("malformed")
+        failed = failed | malformed.isNotNull()
+        error_type = F.when(malformed.isNotNull(), F.lit("MalformedHeader")).otherwise(error_type)
+        error_message = F.coalesce(malformed, error_message)
+    errors = [error_type.alias("error_type"), error_message.alias("error_message"),
+              F.lit(None).cast("string").alias("error_trace"),
+              F.lit(None).cast("string").alias("error_chain")]
+    if source is None:
+        _require(frame, _KAFKA_COLUMNS, "route_failures needs the record's Kafka columns "
+                 "(or pass source= the batch they came from)")
+        return frame.where(failed).select(*_KAFKA_COLUMNS, *errors)
+    _require(frame, IDENTITY, "the failed rows are found in the batch by these columns")
+    keys = frame.where(failed).select(*IDENTITY, *errors)
+    joined = source.select(*_KAFKA_COLUMNS).join(F.broadcast(keys), list(IDENTITY))
+    return joined.select(*tasks.ROUTING_COLUMNS)
+
+
+def _require(frame: Any, columns: Iterable[str], why: str) -> None:
+    missing = [name for name in columns if name not in frame.columns]
+    if missing:
+        raise InvalidArgument("columns", missing[0], f"missing from the DataFrame: {why}")
+
+
+def route_rows(rows: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
+               partitions: Mapping[str, int], already: frozenset[CopyKey] = frozenset()
+               ) -> RouteCounts:
+    """Route and produce rows in tasks.ROUTING_COLUMNS on the executors; count the routes."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    body = tasks.RouteAndProduce(policy, group, dict(partitions),
+                                 connection if isinstance(connection, str) else dict(connection),
+                                 already=already)
+    schema = from_arrow_schema(tasks.ROUTE_COUNTS_SCHEMA)
+    return RouteCounts(Routed(row["kind"], row["reason"], row["attempt"], row["topic"],
+                              row["count"], row["source_topic"], row["source_attempt"])
+                       for row in rows.mapInArrow(body, schema).collect())
+
+
+def route_failures(batch: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
+                   error_column: str = "error", *, source: Any = None) -> RouteCounts:
+    """Copy the failed rows of a micro-batch to their retry or dead-letter topic.
+
+    Call it inside your own foreachBatch, on the DataFrame your transform made of the batch
+    `retry_stream` gave you. Returns once every copy is acknowledged (raises otherwise, so Spark
+    does not commit the batch), with the number of records per route.
+    """
+    topics.check_name("group", group)
+    check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
+    check_error_column(batch.schema, error_column)
+    rows = routing_rows(batch, error_column, source)
+    partitions = kafka.topic_partitions(kafka.admin(connection))
+    return route_rows(rows, connection, group, policy, partitions)

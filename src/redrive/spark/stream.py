@@ -1,0 +1,126 @@
+"""retry_stream: the gated streaming DataFrame a group reads (its main topics and their retry
+topics), with redrive's headers decoded into the `redrive` column; and the Subscription behind it,
+which RetryPipeline shares."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from redrive import kafka, topics
+from redrive.arguments import check_instance
+from redrive.backends import BoundBackend, RetryBackend, RetryTopics
+from redrive.errors import InvalidArgument
+from redrive.policy import RetryPolicy
+from redrive.spark.columns import REDRIVE_COLUMN, with_redrive_columns
+
+log = logging.getLogger("redrive.spark")
+
+
+class Subscription:
+    """What one group reads and where its failures go, checked before anything starts."""
+
+    def __init__(self, connection: kafka.Connection, topics_: str | Sequence[str], group: str,
+                 policy: RetryPolicy, retry_backend: RetryBackend | None = None) -> None:
+        self.connection = connection
+        self.main_topics = [topics_] if isinstance(topics_, str) else list(topics_)
+        if not self.main_topics:
+            raise InvalidArgument("topics", topics_, "name at least one topic")
+        topics.check_names("topics", self.main_topics)
+        self.group = topics.check_name("group", group)
+        check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
+        self.policy = policy
+        self.plans = topics.plans(policy, self.main_topics, self.group)
+        if retry_backend is not None and not isinstance(retry_backend, RetryBackend):
+            raise InvalidArgument("retry_backend", retry_backend,
+                                  "must be a RetryBackend (RetryTopics() or a StoreBackend)")
+        self.retry_backend = retry_backend if retry_backend is not None else RetryTopics()
+        self.backend: BoundBackend = self.retry_backend.bind(self.group)
+        if self.backend.sequential:
+            raise InvalidArgument("retry_backend", self.retry_backend,
+                                  "per-key ordering needs records handled one by one in order; "
+                                  "a Spark batch handles them in parallel (use RetryingConsumer)")
+        self.topics_backend = isinstance(self.retry_backend, RetryTopics)
+        policies = {self.backend.policy_for(topic, policy) for topic in self.main_topics}
+        if len(policies) > 1:
+            raise InvalidArgument("retry_backend", self.retry_backend,
+                                  "one pipeline routes with one policy; its topics have several")
+        self.route_policy = policies.pop()
+        # Metrics are labelled by main topic, as in every runtime, whichever topic a record is on.
+        self.main_of = {name: plan.topic for plan in self.plans.values()
+                        for name in [*plan.consumed_topics, *plan.created_topics]}
+
+    @property
+    def consumed_topics(self) -> list[str]:
+        return [name for plan in self.plans.values()
+                for name in self.backend.consumed_topics(plan)]
+
+    @property
+    def destinations(self) -> list[str]:
+        """The topics failed records are copied to (retry and dead-letter topics)."""
+        if not self.topics_backend:
+            return []
+        return [name for plan in self.plans.values() for name in plan.created_topics]
+
+    def ensure_topics(self) -> dict[str, int]:
+        """Create what the retry backend needs; return every topic's partition count."""
+        admin = kafka.admin(self.connection)
+        for warning in self.backend.prepare(admin, self.plans):
+            log.warning("pipeline %s: %s", self.group, warning)
+        return kafka.topic_partitions(admin)
+
+    def source_options(self, starting_offsets: str = "earliest",
+                       max_offsets_per_trigger: int | None = None) -> dict[str, str]:
+        config = kafka.client_config(self.connection)
+        options = {f"kafka.{key}": str(value) for key, value in config.items()}
+        options.update({
+            "subscribe": ",".join(self.consumed_topics),
+            "startingOffsets": starting_offsets,
+            "includeHeaders": "true",
+            "redrive.group": self.group,
+        })
+        gated = [name for name in self.consumed_topics if name not in self.main_topics]
+        if self.topics_backend and gated:
+            # Only retry copies carry due times; scanning the main topics would only cost.
+            options["redrive.gatedTopics"] = ",".join(gated)
+        else:
+            # A store's scheduler publishes a copy only once it is due.
+            options["redrive.gate"] = "false"
+        if max_offsets_per_trigger is not None:
+            options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
+        return options
+
+    def stream(self, spark: Any, starting_offsets: str = "earliest",
+               max_offsets_per_trigger: int | None = None) -> Any:
+        """The source's streaming DataFrame with the `redrive` column, every record included."""
+        from redrive.spark.source import register
+
+        register(spark)
+        frame = spark.readStream.format("redrive-kafka").options(
+            **self.source_options(starting_offsets, max_offsets_per_trigger)).load()
+        return with_redrive_columns(frame)
+
+    def mine(self) -> Any:
+        """Rows this group handles: copies another group failed (same topic) are not."""
+        from pyspark.sql import functions as F
+
+        owner = F.col(REDRIVE_COLUMN).getField("group")
+        return owner.isNull() | (owner == F.lit(self.group))
+
+
+def retry_stream(spark: Any, connection: kafka.Connection, topics_: str | Sequence[str],
+                 group: str, policy: RetryPolicy, *, retry_backend: RetryBackend | None = None,
+                 starting_offsets: str = "earliest",
+                 max_offsets_per_trigger: int | None = None) -> Any:
+    """The streaming DataFrame `group` handles: its main topics and retry topics (created if
+    missing), each retry admitted only once due, with the Kafka columns and `redrive` (attempt,
+    first_failure, original_topic/partition/offset/timestamp, due, group, target, malformed).
+
+    Rows whose `redrive.malformed` is set must not be treated as successes: `route_failures`
+    dead-letters them whatever your error column says.
+    """
+    subscription = Subscription(connection, topics_, group, policy, retry_backend)
+    subscription.ensure_topics()
+    frame = subscription.stream(spark, starting_offsets, max_offsets_per_trigger)
+    return frame.where(subscription.mine())

@@ -1,0 +1,226 @@
+"""The DataFrame form on real Spark and noida-db: a transform with errors as a column, the
+`redrive` columns decoded in SQL, route_failures in a user's own foreachBatch, and a replayed
+batch that writes and copies nothing twice."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.errors import InvalidArgument
+from redrive.policy import Backoff, InPlace, RetryPolicy, error_type
+from redrive.record import ErrorInfo
+from redrive.routing import route
+from redrive.spark import RetryPipeline, retry_stream, route_failures
+from redrive.spark.batches import BatchBody
+from redrive.spark.columns import with_redrive_columns
+from redrive.spark.ledger import ROUTING, Entry, append, ledger_topic
+from redrive.spark.tasks import record_of
+
+from .test_pipeline import read_all
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+POLICY = RetryPolicy(backoff=Backoff.sequence("1s"), not_retryable=error_type("ParseError"))
+
+
+def failure(frame: Any) -> Any:
+    """Behaviour spelled in the value: ok, bad (ParseError), flaky (fails its first delivery),
+    notype (an error without a type)."""
+    from pyspark.sql import functions as F
+
+    kind = F.split(F.col("value").cast("string"), ":")[0]
+
+    def error(kind_name: str, message: str) -> Any:
+        return F.struct(F.lit(kind_name).alias("type"), F.lit(message).alias("message"))
+
+    return (F.when(kind == "bad", error("ParseError", "cannot parse"))
+            .when((kind == "flaky") & (F.col("redrive.attempt") < 1),
+                  error("TimeoutError", "slow upstream"))
+            .when(kind == "notype", error("", "no type")))
+
+
+def transform(frame: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return frame.select(F.col("key").cast("string").alias("key"),
+                        F.col("redrive.attempt").alias("attempt"), "topic", "partition",
+                        "offset", failure(frame).alias("error"))
+
+
+def produce(bootstrap: str, topic: str, kinds: list[str]) -> dict[str, str]:
+    sent = {f"k{i}": kind for i, kind in enumerate(kinds)}
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, f"{kind}:{key}".encode(), key.encode())
+        for key, kind in sent.items()])
+    return sent
+
+
+def test_transform_routes_errors_from_a_column(spark: Any, bootstrap: str, new_topic: Any,
+                                               unique_name: Any, tmp_path: Path) -> None:
+    topic = new_topic(partitions=2)
+    group = unique_name("frame")
+    kinds = ["ok"] * 20 + ["bad"] * 3 + ["flaky"] * 5 + ["notype"] * 2
+    sent = produce(bootstrap, topic, kinds)
+    # a record whose redrive header is unreadable never reaches the transform
+    kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(
+        topic, b"ok:broken", b"broken", [(h.ATTEMPT, b"two")], 0)])
+    sink = str(tmp_path / "out")
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
+                             sink=sink, checkpoint=str(tmp_path / "cp"),
+                             trigger_interval="300 milliseconds")
+    stats = pipeline.run(until=lambda s: s.finished >= len(kinds) + 1, timeout_s=150)
+
+    rows = spark.read.parquet(sink).collect()
+    assert len(rows) == len({row["key"] for row in rows}) == 25  # every success once
+    assert Counter(row["attempt"] for row in rows) == {0: 20, 1: 5}
+    assert "error" not in rows[0].asDict()
+    assert stats.succeeded_by_retries == {0: 20, 1: 5}
+    assert stats.retried_by_attempt == {1: 5}
+    assert stats.dead_lettered_by_reason == {"not-retryable": 3, "malformed": 3}
+    assert stats.early == 0 and stats.records == len(kinds) + 1 + 5
+    assert pipeline.metrics.value("redrive_processed_total", topic=topic) == 25
+
+    dead = read_all(bootstrap, f"{topic}.{group}.dlt")
+    reasons = Counter((message.key().decode(),
+                       h.last(kafka.message_headers(message), h.REASON)) for message in dead)
+    expected = {(key, b"not-retryable") for key, kind in sent.items() if kind == "bad"}
+    expected |= {(key, b"malformed") for key, kind in sent.items() if kind == "notype"}
+    assert set(reasons) == expected | {("broken", b"malformed")} and max(reasons.values()) == 1
+    for message in dead:
+        pairs = kafka.message_headers(message)
+        if message.key() == b"broken":
+            assert (h.PREFIX + "malformed-attempt", b"two") in pairs
+        elif sent[message.key().decode()] == "bad":
+            assert h.last(pairs, h.ERROR_TYPE) == b"ParseError"
+            assert h.last(pairs, h.ERROR_MESSAGE) == b"cannot parse"
+    retries = read_all(bootstrap, f"{topic}.{group}.retry.1s")
+    assert sorted(m.key().decode() for m in retries) == sorted(
+        key for key, kind in sent.items() if kind == "flaky")
+
+
+def test_transform_is_checked_before_starting(spark: Any, bootstrap: str, new_topic: Any,
+                                              unique_name: Any, tmp_path: Path) -> None:
+    topic = new_topic()
+
+    def pipeline(function: Any, policy: RetryPolicy = POLICY) -> RetryPipeline:
+        return RetryPipeline(spark, bootstrap, topic, unique_name("check"), policy,
+                             transform=function, sink=str(tmp_path / "out"),
+                             checkpoint=str(tmp_path / unique_name("cp")))
+
+    with pytest.raises(InvalidArgument, match=r"error_column=.*'error'.*no such column"):
+        pipeline(lambda frame: frame.select("key")).start()
+    with pytest.raises(InvalidArgument, match=r"error string.*struct<type: string"):
+        pipeline(lambda frame: frame.selectExpr("key", "'x' AS error")).start()
+    in_place = RetryPolicy(in_place=InPlace(on=TimeoutError, retries=1))
+    with pytest.raises(InvalidArgument, match=r"policy.in_place"):
+        pipeline(transform, in_place)
+
+
+def test_route_failures_in_a_users_own_foreach_batch(spark: Any, bootstrap: str,
+                                                     new_topic: Any, unique_name: Any,
+                                                     tmp_path: Path) -> None:
+    topic = new_topic()
+    group = unique_name("own")
+    produce(bootstrap, topic, ["ok"] * 6 + ["bad"] * 2 + ["flaky"] * 3)
+    totals: Counter[str] = Counter()
+
+    def each_batch(batch: Any, batch_id: int) -> None:
+        counts = route_failures(batch.withColumn("error", failure(batch)), bootstrap, group,
+                                POLICY)
+        totals["retried"] += counts.retried
+        totals["dead"] += counts.dead_lettered
+        totals["seen"] += batch.count()
+
+    frame = retry_stream(spark, bootstrap, topic, group, POLICY)
+    assert "redrive" in frame.columns
+    query = (frame.writeStream.foreachBatch(each_batch)
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True)
+             .start())
+    query.awaitTermination(120)
+    assert totals == {"retried": 3, "dead": 2, "seen": 11}
+    assert len(read_all(bootstrap, f"{topic}.{group}.retry.1s")) == 3
+    assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 2
+
+
+HEADER_CASES = [
+    [],
+    [("other", b"1")],
+    [(h.ATTEMPT, b"2"), (h.DUE, b"1700000000000"), (h.GROUP, b"g"), (h.ORIGINAL_TOPIC, b"t"),
+     (h.ORIGINAL_PARTITION, b"1"), (h.ORIGINAL_OFFSET, b"5")],
+    [(h.ATTEMPT, b"x")],
+    [(h.ATTEMPT, b"1"), (h.ATTEMPT, b"3")],
+    [(h.ATTEMPT, b"-1")],
+    [(h.ATTEMPT, b" 4 ")],
+    [(h.ORIGINAL_TOPIC, b"t")],
+    [(h.ORIGINAL_TOPIC, b""), (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"0")],
+    [(h.GROUP, b"")],
+    [(h.GROUP, b"\xff")],
+    [(h.TARGET, b"")],
+    [(h.DUE, b"12345678901234567890123")],
+    [(h.FIRST_FAILURE, b"1.5")],
+]
+
+
+def test_sql_decoding_agrees_with_read_delivery(spark: Any) -> None:
+    frame = spark.createDataFrame([(pairs,) for pairs in HEADER_CASES],
+                                  "headers array<struct<key: string, value: binary>>")
+    decoded = [row["redrive"] for row in with_redrive_columns(frame).collect()]
+    for pairs, got in zip(HEADER_CASES, decoded, strict=True):
+        try:
+            delivery = h.read_delivery(pairs)
+        except Exception:
+            assert got["malformed"] is not None, pairs
+            continue
+        assert got["malformed"] is None, pairs
+        assert got["attempt"] == delivery.attempt
+        due = got["due"]
+        assert (due is None) == (delivery.due_ms is None)
+        assert got["group"] == delivery.group
+
+
+def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """Batch 0 is cut short after one of its three copies; its replay writes the other two,
+    and a second replay of a finished batch writes nothing."""
+    topic = new_topic()
+    group = unique_name("replay")
+    produce(bootstrap, topic, ["ok"] * 4 + ["bad"] * 3)
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
+                             sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"))
+    pipeline.ensure_topics()
+    body: BatchBody = pipeline.body()
+    frame = with_redrive_columns(spark.read.format("redrive-kafka").options(
+        **{"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true",
+           "startingOffsets": "earliest", "endingOffsets": "latest"}).load())
+    dlt = f"{topic}.{group}.dlt"
+    # the first run marked the routing and wrote one copy before it died
+    consumer = kafka.consumer(bootstrap)
+    marks = {f"{dlt}:0": kafka.watermarks(consumer, dlt, 0)[1]}
+    consumer.close()
+    append(kafka.producer(bootstrap), ledger_topic(group),
+           Entry(0, ROUTING, marks, {"checkpoint": pipeline.checkpoint}))
+    first = transform(frame).where("error IS NOT NULL").select("offset").orderBy("offset").first()
+    row = frame.where(f"offset = {first['offset']}").first().asDict()
+    decision = route(record_of(row), ErrorInfo("ParseError", "cannot parse"), POLICY, 0,
+                     group=group)
+    kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(
+        dlt, row["value"], row["key"], decision.headers, 0)])
+
+    body(frame, 0)
+    body(frame, 0)  # finished: nothing again
+    copies = read_all(bootstrap, dlt)
+    assert sorted(h.read_delivery(kafka.message_headers(m)).original.offset  # type: ignore
+                  for m in copies) == [4, 5, 6]
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 4
+    # another query's batch 0 into the same sink replaces that batch's rows, adds none
+    replace(body, checkpoint="another")(frame, 0)
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 4
