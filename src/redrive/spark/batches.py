@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from types import ModuleType
 from typing import Any
 
 from redrive import headers as h
@@ -40,6 +41,7 @@ from redrive.spark.outcomes import (
     Outcomes,
     Routed,
 )
+from redrive.spark.sql import functions
 from redrive.spark.writer import cached_producer
 
 log = logging.getLogger("redrive.spark")
@@ -112,9 +114,8 @@ class BatchBody:
 
     def _functions(self, frame: Any, batch_id: int, skip: dict[tasks.Coordinates, str],
                    resumed: ledger.Entry | None) -> BatchReport:
-        from pyspark.sql import functions as F
-
         processed = self._processed(frame, skip).persist()
+        F = functions(processed)
         try:
             self._write_sink(processed.where(F.col("status") == OK).select("output.*"), batch_id)
             outcomes = _count_processed(processed)
@@ -126,7 +127,7 @@ class BatchBody:
                           else self._route(failed, batch_id, resumed))
             if self.backend is not None:
                 for record in _records(processed.where((F.col("status") == OK)
-                                                       & _has_redrive())):
+                                                       & _has_redrive(F))):
                     self.backend.succeeded(record)
             handler_us, late_s = _samples(processed)
         finally:
@@ -151,8 +152,7 @@ class BatchBody:
 
     def _transformed(self, frame: Any, batch_id: int, resumed: ledger.Entry | None
                      ) -> BatchReport:
-        from pyspark.sql import functions as F
-
+        F = functions(frame)
         assert self.transform is not None
         redrive = F.col(REDRIVE_COLUMN)
         owner = redrive.getField("group")
@@ -212,8 +212,7 @@ class BatchBody:
                                 self.partitions, already))
 
     def _write_sink(self, successes: Any, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
+        F = functions(successes)
         if callable(self.sink):
             self.sink(successes, batch_id)
             return
@@ -233,7 +232,7 @@ class BatchBody:
         """Ask the backend, in offset order, which copies it has already seen an outcome for."""
         assert self.backend is not None
         refused: dict[tasks.Coordinates, str] = {}
-        records = sorted(_records(frame.where(_has_redrive())),
+        records = sorted(_records(frame.where(_has_redrive(functions(frame)))),
                          key=lambda r: (r.topic, r.partition, r.offset))
         self.backend.prefetch(records)
         for record in records:
@@ -289,8 +288,7 @@ def _outcomes_of(counted: list[Any], routes: tuple[Routed, ...]) -> tuple[Outcom
 
 
 def _count_processed(processed: Any) -> tuple[Outcomes, ...]:
-    from pyspark.sql import functions as F
-
+    F = functions(processed)
     early = F.when(F.col("due_ms").isNotNull() & (F.col("handled_ms") < F.col("due_ms")), 1)
     rows = (processed.groupBy("status", "attempt", "topic", "skip_reason")
             .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"),
@@ -302,8 +300,7 @@ def _count_processed(processed: Any) -> tuple[Outcomes, ...]:
 
 def _samples(processed: Any) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """Handler times and lateness past due, from one sample of the batch (one Spark job)."""
-    from pyspark.sql import functions as F
-
+    F = functions(processed)
     late = ((F.col("handled_ms") - F.col("due_ms")) / 1000).alias("late")
     handler_us: list[int] = []
     late_s: list[float] = []
@@ -316,9 +313,7 @@ def _samples(processed: Any) -> tuple[tuple[int, ...], tuple[float, ...]]:
     return tuple(handler_us), tuple(late_s)
 
 
-def _has_redrive() -> Any:
-    from pyspark.sql import functions as F
-
+def _has_redrive(F: ModuleType) -> Any:
     return F.exists("headers", lambda pair: pair["key"].startswith(h.PREFIX))
 
 

@@ -10,9 +10,11 @@ around a number), which only sends such a record to the dead-letter topic as `ma
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 from redrive import headers as h
+from redrive.spark.sql import functions
 
 REDRIVE_COLUMN = "redrive"
 # Fields of the struct, in order; times are timestamps, as Spark users compare them.
@@ -21,49 +23,43 @@ FIELDS = ("attempt", "first_failure", "original_topic", "original_partition", "o
 _INTEGER = r"^\s*-?[0-9]{1,19}\s*$"
 
 
-def _last(name: str) -> Any:
+def _last(F: ModuleType, name: str) -> Any:
     """The header's last value (binary), null when the record does not carry it."""
-    from pyspark.sql import functions as F
-
     found = F.filter("headers", lambda pair: pair["key"] == F.lit(name))
     return F.try_element_at(found, F.lit(-1)).getField("value")
 
 
-def _integer(name: str) -> tuple[Any, Any]:
+def _integer(F: ModuleType, name: str) -> tuple[Any, Any]:
     """The header as a long, and whether it is present but not a whole number >= 0."""
-    from pyspark.sql import functions as F
-
-    raw = _last(name)
+    raw = _last(F, name)
     text = raw.cast("string")
     value = F.when(F.regexp_like(text, F.lit(_INTEGER)), F.trim(text).try_cast("long"))
     bad = raw.isNotNull() & (value.isNull() | (value < 0))
     return value, bad
 
 
-def _text(name: str) -> tuple[Any, Any, Any]:
+def _text(F: ModuleType, name: str) -> tuple[Any, Any, Any]:
     """The header as text, whether it is not UTF-8, and whether it is empty."""
-    from pyspark.sql import functions as F
-
-    raw = _last(name)
+    raw = _last(F, name)
     return raw.cast("string"), raw.isNotNull() & ~F.is_valid_utf8(raw), F.length(raw) == 0
 
 
 def with_redrive_columns(frame: Any) -> Any:
     """`frame` (with the source's `headers` column) plus the `redrive` struct column."""
-    from pyspark.sql import functions as F
+    F = functions(frame)
 
-    attempt, bad_attempt = _integer(h.ATTEMPT)
-    due, bad_due = _integer(h.DUE)
-    partition, bad_partition = _integer(h.ORIGINAL_PARTITION)
-    offset, bad_offset = _integer(h.ORIGINAL_OFFSET)
-    stamp, bad_stamp = _integer(h.ORIGINAL_TIMESTAMP)
-    first, bad_first = _integer(h.FIRST_FAILURE)
-    topic, topic_not_utf8, topic_empty = _text(h.ORIGINAL_TOPIC)
-    group, group_not_utf8, group_empty = _text(h.GROUP)
-    target, target_not_utf8, target_empty = _text(h.TARGET)
-    origin = [(h.ORIGINAL_TOPIC, _last(h.ORIGINAL_TOPIC)),
-              (h.ORIGINAL_PARTITION, _last(h.ORIGINAL_PARTITION)),
-              (h.ORIGINAL_OFFSET, _last(h.ORIGINAL_OFFSET))]
+    attempt, bad_attempt = _integer(F, h.ATTEMPT)
+    due, bad_due = _integer(F, h.DUE)
+    partition, bad_partition = _integer(F, h.ORIGINAL_PARTITION)
+    offset, bad_offset = _integer(F, h.ORIGINAL_OFFSET)
+    stamp, bad_stamp = _integer(F, h.ORIGINAL_TIMESTAMP)
+    first, bad_first = _integer(F, h.FIRST_FAILURE)
+    topic, topic_not_utf8, topic_empty = _text(F, h.ORIGINAL_TOPIC)
+    group, group_not_utf8, group_empty = _text(F, h.GROUP)
+    target, target_not_utf8, target_empty = _text(F, h.TARGET)
+    origin = [(h.ORIGINAL_TOPIC, _last(F, h.ORIGINAL_TOPIC)),
+              (h.ORIGINAL_PARTITION, _last(F, h.ORIGINAL_PARTITION)),
+              (h.ORIGINAL_OFFSET, _last(F, h.ORIGINAL_OFFSET))]
     any_origin = origin[0][1].isNotNull() | origin[1][1].isNotNull() | origin[2][1].isNotNull()
     checks = [
         (bad_attempt, f"{h.ATTEMPT}: expected a decimal integer >= 0"),

@@ -22,6 +22,7 @@ from redrive.spark import tasks
 from redrive.spark.columns import REDRIVE_COLUMN
 from redrive.spark.ledger import CopyKey
 from redrive.spark.outcomes import DEAD_LETTER, RETRY, Routed
+from redrive.spark.sql import functions
 
 IDENTITY = ("topic", "partition", "offset")
 _KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
@@ -65,7 +66,7 @@ def routing_rows(frame: Any, error_column: str | None, source: Any = None) -> An
     record's identity (topic, partition, offset) and the rest is joined from `source`. With no
     error column, only rows with unreadable redrive headers have failed.
     """
-    from pyspark.sql import functions as F
+    F = functions(frame)
 
     if error_column is None:
         failed, error_type, error_message = F.lit(False), F.lit(""), F.lit("")

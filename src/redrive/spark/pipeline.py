@@ -30,6 +30,7 @@ from redrive.spark import ledger, tasks
 from redrive.spark.batches import BatchBody, Sink, Transform
 from redrive.spark.failures import check_error_column
 from redrive.spark.outcomes import OK, RETRY, SKIPPED, BatchReport, PipelineStats
+from redrive.spark.sql import is_remote
 from redrive.spark.stream import Subscription
 
 log = logging.getLogger("redrive.spark")
@@ -79,7 +80,7 @@ class RetryPipeline:
         self.group = self.subscription.group
         self.policy = policy
         self.plans = self.subscription.plans
-        self.remote = _is_remote(spark)
+        self.remote = is_remote(spark)
         if transform is not None:
             if policy.in_place is not None:
                 raise InvalidArgument("policy.in_place", policy.in_place,
@@ -87,7 +88,8 @@ class RetryPipeline:
                                       "retry one row in place; drop in_place or use function=")
             self.output_schema = None
         else:
-            self.output_schema = (StructType.fromDDL(output_schema)
+            # Parsed by the session's own Spark: a Connect client has no local parser.
+            self.output_schema = (spark.createDataFrame([], output_schema).schema
                                   if isinstance(output_schema, str) else output_schema)
             if not isinstance(self.output_schema, StructType):
                 raise InvalidArgument("output_schema", output_schema,
@@ -319,8 +321,3 @@ def _ledger_end(connection: kafka.Connection, group: str) -> int:
         return kafka.watermarks(consumer, ledger.ledger_topic(group), 0)[1]
     finally:
         consumer.close()
-
-
-def _is_remote(spark: Any) -> bool:
-    """Whether the session is a Spark Connect client (its foreachBatch runs on the server)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")

@@ -14,6 +14,7 @@ from redrive.backends import BoundBackend, RetryBackend, RetryTopics
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.spark.columns import REDRIVE_COLUMN, with_redrive_columns
+from redrive.spark.sql import functions
 
 log = logging.getLogger("redrive.spark")
 
@@ -101,10 +102,9 @@ class Subscription:
             **self.source_options(starting_offsets, max_offsets_per_trigger)).load()
         return with_redrive_columns(frame)
 
-    def mine(self) -> Any:
-        """Rows this group handles: copies another group failed (same topic) are not."""
-        from pyspark.sql import functions as F
-
+    def mine(self, frame: Any) -> Any:
+        """Rows of `frame` this group handles: copies another group failed are not."""
+        F = functions(frame)
         owner = F.col(REDRIVE_COLUMN).getField("group")
         return owner.isNull() | (owner == F.lit(self.group))
 
@@ -123,4 +123,4 @@ def retry_stream(spark: Any, connection: kafka.Connection, topics_: str | Sequen
     subscription = Subscription(connection, topics_, group, policy, retry_backend)
     subscription.ensure_topics()
     frame = subscription.stream(spark, starting_offsets, max_offsets_per_trigger)
-    return frame.where(subscription.mine())
+    return frame.where(subscription.mine(frame))

@@ -23,6 +23,7 @@ from redrive.spark import RetryPipeline, retry_stream, route_failures
 from redrive.spark.batches import BatchBody
 from redrive.spark.columns import with_redrive_columns
 from redrive.spark.ledger import ROUTING, Entry, append, ledger_topic
+from redrive.spark.sql import functions
 from redrive.spark.tasks import record_of
 
 from .test_pipeline import read_all
@@ -35,7 +36,7 @@ POLICY = RetryPolicy(backoff=Backoff.sequence("1s"), not_retryable=error_type("P
 def failure(frame: Any) -> Any:
     """Behaviour spelled in the value: ok, bad (ParseError), flaky (fails its first delivery),
     notype (an error without a type)."""
-    from pyspark.sql import functions as F
+    F = functions(frame)
 
     kind = F.split(F.col("value").cast("string"), ":")[0]
 
@@ -49,7 +50,7 @@ def failure(frame: Any) -> Any:
 
 
 def transform(frame: Any) -> Any:
-    from pyspark.sql import functions as F
+    F = functions(frame)
 
     return frame.select(F.col("key").cast("string").alias("key"),
                         F.col("redrive.attempt").alias("attempt"), "topic", "partition",

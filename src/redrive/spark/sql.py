@@ -1,0 +1,28 @@
+"""Spark SQL's functions for a given DataFrame or session.
+
+`pyspark.sql.functions` builds classic columns unless the whole process is in Connect mode, and a
+process may hold a classic session and a Connect client at once (a test suite, a notebook moving
+to Connect); a column of the other kind fails at once. So redrive builds each expression with the
+functions of the DataFrame it goes into.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+
+def functions(owner: Any) -> ModuleType:
+    """The functions module matching `owner`, a DataFrame or a session."""
+    if type(owner).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect import functions as connect_functions
+
+        return connect_functions
+    from pyspark.sql import functions as classic_functions
+
+    return classic_functions
+
+
+def is_remote(owner: Any) -> bool:
+    """Whether `owner` (a DataFrame or session) belongs to a Spark Connect client."""
+    return type(owner).__module__.startswith("pyspark.sql.connect")
