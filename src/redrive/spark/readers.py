@@ -37,7 +37,13 @@ from redrive.kafka.ranges import (
 )
 from redrive.spark import buffers
 from redrive.spark.gc_pause import gc_paused
-from redrive.spark.options import SourceOptionError, SourceOptions, kafka_schema
+from redrive.spark.options import (
+    SourceOptionError,
+    SourceOptions,
+    fetch_reader_built,
+    kafka_schema,
+    native_reader_built,
+)
 
 if TYPE_CHECKING:
     from redrive.spark._rangeread import RangeReader as NativeReader
@@ -129,7 +135,7 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBa
     what it handles) and redrive.spark._rangeread (librdkafka, for the rest).
     """
     schema = to_arrow_schema(kafka_schema(options.include_headers), timezone="UTC")
-    if options.fetch:
+    if options.fetch and _built("fetch"):
         return _read_fetch(options, part, schema)
     return _read_client(options, part, schema)
 
@@ -137,9 +143,28 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBa
 def _read_client(options: SourceOptions, part: KafkaRange,
                  schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The range through a Kafka client library: librdkafka from C, or confluent-kafka."""
-    if options.native:
+    if options.native and _built("native"):
         return _read_native(options, part, schema)
     return _read_python(options, part, schema)
+
+
+_BUILT: dict[str, bool] = {}
+
+
+def _built(reader: str) -> bool:
+    """Whether this worker has the C reader the driver chose. On a cluster the driver's machine
+    may have them built and an executor's not (a wheel built without a compiler, another
+    platform): the executor then reads with the next reader and says so once."""
+    built = _BUILT.get(reader)
+    if built is None:
+        built = _BUILT[reader] = (fetch_reader_built() if reader == "fetch"
+                                  else native_reader_built())
+        if not built:
+            log.warning("redrive-kafka: the %s reader (redrive.spark.%s) is not built on this "
+                        "worker; reading with the %s reader", reader,
+                        "_fetchread" if reader == "fetch" else "_rangeread",
+                        "native or Python" if reader == "fetch" else "Python")
+    return built
 
 
 def _read_fetch(options: SourceOptions, part: KafkaRange,
