@@ -142,9 +142,20 @@ class TransactionalProducer:
             raise
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(self._timeout_s)
-            self._producer = None
+        """Flush and drop the producer. The flush of a fenced or fatally failed producer raises
+        its error, yet such a producer has nothing left to deliver (its open transaction is
+        aborted by the broker or the next producer with this id): that error is logged, not
+        raised, or it would hide the one that stopped the caller (ProducerFenced, say)."""
+        producer_, self._producer = self._producer, None
+        if producer_ is None:
+            return
+        try:
+            producer_.flush(self._timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (isinstance(error, KafkaError) and error.fatal()):
+                raise
+            log.warning("closing the producer of %s: %s", self.transactional_id, error.str())
 
     def _commit(self, producer_: Producer) -> None:
         for attempt in range(1, _COMMIT_TRIES + 1):
