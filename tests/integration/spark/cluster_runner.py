@@ -1,0 +1,125 @@
+"""Runs redrive-kafka jobs in a classic SparkSession on a standalone cluster, in a process of
+its own.
+
+A Python process holds one SparkContext, and the test session's `spark` fixture already holds a
+local[2] one; the `cluster_spark` fixture (conftest.py) starts this script once instead:
+
+    python cluster_runner.py spark://127.0.0.1:PORT
+
+It builds the session, then reads jobs from stdin, one JSON object per line, and writes one JSON
+line per job to its stdout: first {"app_id", "master"} once the session is up, then each job's
+counts, or {"error": ...}. Spark's own output goes to stderr. It stops the session and exits when
+stdin closes. Executors import redrive from this interpreter (PYSPARK_PYTHON), where it is
+installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+SESSION_CONF = {
+    "spark.app.name": "redrive-cluster-tests",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.cores.max": "1",
+    "spark.executor.memory": "512m",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+class Keys:
+    """foreachBatch target (it runs in this process on a classic session): the keys per batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[int, int, bytes]]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        rows = frame.select("partition", "offset", "value").collect()
+        with self.lock:
+            self.batches.append([(r["partition"], r["offset"], bytes(r["value"])) for r in rows])
+
+
+def summary(rows: list[tuple[int, int, bytes]]) -> dict[str, Any]:
+    return {"rows": len(rows), "distinct": len({(p, o) for p, o, _ in rows}),
+            "values": sorted(v.decode() for _, _, v in rows)}
+
+
+def batch(spark: Any, bootstrap: str, topic: str) -> dict[str, Any]:
+    frame = (spark.read.format("redrive-kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", topic).load())
+    rows = [(r["partition"], r["offset"], bytes(r["value"]))
+            for r in frame.select("partition", "offset", "value").collect()]
+    return {**summary(rows), "count": frame.count()}
+
+
+def stream(spark: Any, bootstrap: str, topic: str, checkpoint: str,
+           max_offsets_per_trigger: int) -> dict[str, Any]:
+    keys = Keys()
+    query = (spark.readStream.format("redrive-kafka")
+             .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+             .option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger)).load()
+             .writeStream.foreachBatch(keys).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    if query.isActive:
+        query.stop()
+        raise TimeoutError("the availableNow query did not finish within 120 s")
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    rows = [row for rows in keys.batches for row in rows]
+    return {**summary(rows), "batch_sizes": [len(rows) for rows in keys.batches if rows]}
+
+
+JOBS = {"batch": batch, "stream": stream}
+
+
+def main() -> int:
+    master = sys.argv[1]
+    # Answers go to the original stdout; everything else written to fd 1, by the JVM that
+    # Spark launches among others, goes to stderr.
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from redrive.spark import register
+
+    builder = SparkSession.builder.master(master)
+    for key, value in SESSION_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    register(spark)
+
+    def answer(message: dict[str, Any]) -> None:
+        answers.write(json.dumps(message) + "\n")
+        answers.flush()
+
+    try:
+        answer({"app_id": spark.sparkContext.applicationId, "master": spark.sparkContext.master})
+        for line in sys.stdin:
+            request = json.loads(line)
+            job = JOBS[request.pop("job")]
+            try:
+                answer(job(spark, **request))
+            except Exception as exc:
+                traceback.print_exc()
+                answer({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""RetryPipeline on Spark Connect: its foreachBatch body is pickled to the server and runs there,
+and the client learns what each batch did from the batch ledger. All three forms, counted."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from pyspark import cloudpickle
+
+from redrive.errors import InvalidArgument
+from redrive.spark import RetryPipeline, route_failures
+from redrive.store import RetryStore, StoreBackend
+
+from .test_dataframe_form import POLICY, failure, produce, transform
+from .test_pipeline import read_all
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+OUTPUT = "key string, attempt int"
+
+
+def per_record(record: dict[str, Any]) -> dict[str, Any]:
+    kind = record["value"].decode().split(":")[0]
+    if kind == "bad":
+        raise ValueError("cannot parse")
+    if kind == "flaky" and record["attempt"] < 1:
+        raise TimeoutError("slow upstream")
+    return {"key": record["key"].decode(), "attempt": record["attempt"]}
+
+
+def per_batch(frame: pd.DataFrame) -> pd.DataFrame:
+    kinds = frame["value"].map(lambda value: value.decode().split(":")[0])
+    errors = [ValueError("cannot parse") if kind == "bad"
+              else TimeoutError("slow upstream") if kind == "flaky" and attempt < 1 else None
+              for kind, attempt in zip(kinds, frame["attempt"], strict=True)]
+    return pd.DataFrame({"key": frame["key"].map(bytes.decode), "attempt": frame["attempt"],
+                         "error": errors})
+
+
+@pytest.mark.parametrize("form", ["transform", "function", "batch_function"])
+def test_pipeline_on_spark_connect(connect_spark: Any, bootstrap: str, new_topic: Any,
+                                   unique_name: Any, tmp_path: Path, form: str) -> None:
+    topic = new_topic(partitions=2)
+    group = unique_name(f"connect-{form}")
+    kinds = ["ok"] * 12 + ["bad"] * 2 + ["flaky"] * 4
+    produce(bootstrap, topic, kinds)
+    sink = str(tmp_path / "out")
+    chosen: dict[str, Any] = {"transform": {"transform": transform},
+                              "function": {"function": per_record, "output_schema": OUTPUT},
+                              "batch_function": {"batch_function": per_batch,
+                                                 "output_schema": OUTPUT}}[form]
+    policy = POLICY if form == "transform" else type(POLICY)(
+        backoff=POLICY.backoff, not_retryable=ValueError)
+    pipeline = RetryPipeline(connect_spark, bootstrap, topic, group, policy, sink=sink,
+                             checkpoint=str(tmp_path / "cp"),
+                             trigger_interval="300 milliseconds", **chosen)
+    stats = pipeline.run(until=lambda s: s.finished >= len(kinds), timeout_s=150)
+
+    rows = connect_spark.read.parquet(sink).collect()
+    assert len(rows) == len({row["key"] for row in rows}) == 16
+    assert Counter(row["attempt"] for row in rows) == {0: 12, 1: 4}
+    assert stats.succeeded_by_retries == {0: 12, 1: 4}
+    assert stats.retried_by_attempt == {1: 4}
+    assert stats.dead_lettered_by_reason == {"not-retryable": 2}
+    assert stats.early == 0
+    assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 2
+    assert len(read_all(bootstrap, f"{topic}.{group}.retry.1s")) == 4
+
+
+def test_route_failures_inside_a_connect_foreach_batch(connect_spark: Any, bootstrap: str,
+                                                       new_topic: Any, unique_name: Any,
+                                                       tmp_path: Path) -> None:
+    from redrive.spark import retry_stream
+
+    topic = new_topic()
+    group = unique_name("connect-own")
+    produce(bootstrap, topic, ["ok"] * 5 + ["bad"] * 3)
+    frame = retry_stream(connect_spark, bootstrap, topic, group, POLICY)
+    query = (frame.writeStream.foreachBatch(_own_batch(bootstrap, group))
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True)
+             .start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 3
+
+
+def _own_batch(bootstrap: str, group: str) -> Any:
+    def each_batch(batch: Any, batch_id: int) -> None:
+        counts = route_failures(batch.withColumn("error", failure(batch)), bootstrap, group,
+                                POLICY)
+        assert counts.dead_lettered == batch.where("value LIKE 'bad:%'").count()
+    return each_batch
+
+
+def test_a_store_backend_is_refused_on_connect(connect_spark: Any, bootstrap: str,
+                                               tmp_path: Path) -> None:
+    store = RetryStore(tmp_path / "store.db")
+    with pytest.raises(InvalidArgument, match=r"retry_backend.*classic session"):
+        RetryPipeline(connect_spark, bootstrap, "orders", "g", POLICY, transform=transform,
+                      sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"),
+                      retry_backend=StoreBackend(store))
