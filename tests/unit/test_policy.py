@@ -147,6 +147,16 @@ def test_cause_traversal_can_be_turned_off() -> None:
         assert error_type(ConnectionError)(exc)
 
 
+def test_a_bare_type_name_matches_that_class_in_any_module_a_qualified_one_only_its_own() -> None:
+    bare, qualified = error_type("ParseError"), error_type("app.errors.ParseError")
+    for shipped_from in ("__main__.ParseError", "app.errors.ParseError", "ParseError"):
+        assert bare(ErrorInfo(shipped_from, "cannot parse"))
+    assert qualified(ErrorInfo("app.errors.ParseError", "cannot parse"))
+    assert not qualified(ErrorInfo("__main__.ParseError", "cannot parse"))
+    assert not bare(ErrorInfo("app.errors.ParseErrorX", "cannot parse"))
+    assert not bare(ErrorInfo("ParseError.Other", "cannot parse"))
+
+
 def test_not_retryable_wins_over_retry_on() -> None:
     policy = RetryPolicy(retry_on=Exception, not_retryable=KeyError)
     assert policy.disposition(KeyError("k")) is Disposition.DEAD_LETTER

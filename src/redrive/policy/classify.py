@@ -35,13 +35,24 @@ class ErrorMatcher:
 
 @dataclass(frozen=True)
 class ByType(ErrorMatcher):
-    """Errors that are instances of one of `names` (qualified class names), or caused by one."""
+    """Errors that are instances of one of `names`, or caused by one.
+
+    A qualified name (`myapp.errors.ParseError`) matches that class; a bare one (`ParseError`)
+    matches a class of that name in any module, since a DataFrame transform's error column,
+    a function shipped by value to executors (module `__main__`) and a JVM exception each spell
+    the module differently, while users name the class.
+    """
 
     names: frozenset[str]
     causes: bool = True
 
     def matches(self, error: ErrorInfo) -> bool:
-        return any(self.names.intersection(kinds) for kinds in error.kinds(causes=self.causes))
+        for kinds in error.kinds(causes=self.causes):
+            if self.names.intersection(kinds):
+                return True
+            if any(kind.rpartition(".")[2] in self.names for kind in kinds):
+                return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,7 @@ NO_ERROR = Constant(False)
 
 
 def error_type(*types: type[BaseException] | str, causes: bool = True) -> ByType:
-    """Match by exception class (or qualified class name), subclasses included."""
+    """Match by exception class, qualified class name or bare class name, subclasses included."""
     names: set[str] = set()
     for kind in types:
         if isinstance(kind, str) and kind:

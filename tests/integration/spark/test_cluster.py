@@ -11,6 +11,10 @@ from typing import Any
 
 import pytest
 
+from redrive import headers as h
+from redrive import kafka
+
+from .test_pipeline import read_all
 from .test_spark_source import produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -47,3 +51,31 @@ def test_streaming_read(cluster_spark: Any, bootstrap: str, new_topic: Any,
     assert (result["rows"], result["distinct"]) == (RECORDS, RECORDS)
     assert result["batch_sizes"] == [120, 120, 60]
     assert result["values"] == sorted(f"v{i}" for i in range(RECORDS))
+
+
+@pytest.mark.parametrize("form", ["transform", "function"])
+def test_a_pipeline_retries_and_dead_letters_on_the_cluster(
+        cluster_spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path,
+        form: str) -> None:
+    topic = new_topic(2)
+    group = unique_name(f"cluster-{form}")
+    kinds = ["ok"] * 40 + ["bad"] * 3 + ["flaky"] * 5
+    sent = {f"k{i}": kind for i, kind in enumerate(kinds)}
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, f"{kind}:{key}".encode(), key.encode())
+        for key, kind in sent.items()])
+    result = cluster_spark.run("pipeline", timeout_s=300, bootstrap=bootstrap, topic=topic,
+                               group=group, form=form, sink=str(tmp_path / "out"),
+                               checkpoint=str(tmp_path / "cp"), expected=len(kinds))
+    # every success once, the flaky ones after one retry; lost 0, none early
+    assert result["keys"] == sorted(k for k, kind in sent.items() if kind != "bad")
+    assert result["attempts"] == [0] * 40 + [1] * 5
+    assert result["succeeded_by_retries"] == {"0": 40, "1": 5}
+    assert result["dead_lettered_by_reason"] == {"not-retryable": 3}
+    assert result["early"] == 0
+    dead = read_all(bootstrap, f"{topic}.{group}.dlt")
+    assert sorted(m.key().decode() for m in dead) == sorted(
+        k for k, kind in sent.items() if kind == "bad")
+    # the function's class is named from the runner's module, the transform's as its column says
+    assert {h.last(kafka.message_headers(m), h.ERROR_TYPE) for m in dead} == {
+        b"ParseError" if form == "transform" else b"__main__.ParseError"}
