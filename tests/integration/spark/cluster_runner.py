@@ -80,55 +80,14 @@ def stream(spark: Any, bootstrap: str, topic: str, checkpoint: str,
     return {**summary(rows), "batch_sizes": [len(rows) for rows in keys.batches if rows]}
 
 
-def failure_of(frame: Any) -> Any:
-    """The demo's behaviour spelled in the value: ok, bad (ParseError), flaky (fails once)."""
-    from redrive.spark.sql import functions
-
-    F = functions(frame)
-    kind = F.split(F.col("value").cast("string"), ":")[0]
-
-    def error(type_name: str, message: str) -> Any:
-        return F.struct(F.lit(type_name).alias("type"), F.lit(message).alias("message"))
-
-    return (F.when(kind == "bad", error("ParseError", "cannot parse"))
-            .when((kind == "flaky") & (F.col("redrive.attempt") < 1),
-                  error("TimeoutError", "slow upstream")))
-
-
-def transform(frame: Any) -> Any:
-    from redrive.spark.sql import functions
-
-    F = functions(frame)
-    return frame.select(F.col("key").cast("string").alias("key"),
-                        F.col("redrive.attempt").alias("attempt"), "topic", "partition",
-                        "offset", failure_of(frame).alias("error"))
-
-
-class ParseError(Exception):
-    pass
-
-
-def handle(record: dict[str, Any]) -> dict[str, Any]:
-    """Runs in the executors the worker launched (this function reaches them by value)."""
-    kind = record["value"].decode().split(":")[0]
-    if kind == "bad":
-        raise ParseError("cannot parse")
-    if kind == "flaky" and record["attempt"] < 1:
-        raise TimeoutError("slow upstream")
-    return {"key": record["key"].decode(), "attempt": record["attempt"]}
-
-
 def pipeline(spark: Any, bootstrap: str, topic: str, group: str, form: str, sink: str,
              checkpoint: str, expected: int) -> dict[str, Any]:
-    from redrive.policy import Backoff, RetryPolicy, error_type
-    from redrive.spark import RetryPipeline
+    import pipeline_jobs
 
-    policy = RetryPolicy(backoff=Backoff.sequence("1s"), not_retryable=error_type("ParseError"))
-    shape: dict[str, Any] = ({"transform": transform} if form == "transform" else
-                             {"function": handle, "output_schema": "key string, attempt int"})
-    stats = RetryPipeline(spark, bootstrap, topic, group, policy, sink=sink,
-                          checkpoint=checkpoint, trigger_interval="500 milliseconds",
-                          **shape).run(until=lambda s: s.finished >= expected, timeout_s=240)
+    stats = pipeline_jobs.pipeline(
+        spark, bootstrap, topic, group, form, sink, checkpoint,
+        trigger_interval="500 milliseconds",
+    ).run(until=lambda s: s.finished >= expected, timeout_s=240)
     rows = spark.read.parquet(sink).select("key", "attempt").collect()
     return {"keys": sorted(row["key"] for row in rows),
             "attempts": sorted(row["attempt"] for row in rows),
@@ -148,9 +107,13 @@ def main() -> int:
     os.dup2(2, 1)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    import pipeline_jobs  # beside this script, on sys.path as its directory
+    from pyspark import cloudpickle
     from pyspark.sql import SparkSession
 
     from redrive.spark import register
+
+    cloudpickle.register_pickle_by_value(pipeline_jobs)
 
     builder = SparkSession.builder.master(master)
     for key, value in SESSION_CONF.items():

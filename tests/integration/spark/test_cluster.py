@@ -76,6 +76,6 @@ def test_a_pipeline_retries_and_dead_letters_on_the_cluster(
     dead = read_all(bootstrap, f"{topic}.{group}.dlt")
     assert sorted(m.key().decode() for m in dead) == sorted(
         k for k, kind in sent.items() if kind == "bad")
-    # the function's class is named from the runner's module, the transform's as its column says
+    # the function's class is named with its module, the transform's as its column says
     assert {h.last(kafka.message_headers(m), h.ERROR_TYPE) for m in dead} == {
-        b"ParseError" if form == "transform" else b"__main__.ParseError"}
+        b"ParseError" if form == "transform" else b"pipeline_jobs.ParseError"}
