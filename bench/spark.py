@@ -1,7 +1,7 @@
 """Benchmark of redrive on PySpark: the redrive-kafka source (P5, P5c) and RetryPipeline (P6).
 
     python bench/spark.py [--quick] [--records N] [--bootstrap HOST:PORT] [--runs N]
-                          [--only p5|p6] [--malloc-kept] [--json]
+                          [--only p5|p6|p8] [--malloc-kept] [--json]
 
 Starts its own noida-db unless --bootstrap is given, fills one topic (2 partitions, 100-byte
 values) and measures, in one local[2] SparkSession, after a warm-up query:
@@ -18,6 +18,13 @@ values) and measures, in one local[2] SparkSession, after a warm-up query:
        a retry topic with a 1h backoff, so no retry is read back during the measurement)
        / the same pipeline (same source, same mapInArrow function step, same no-op sink) with a
        function that never fails, so nothing is routed.                              goal >= 0.85
+  P8   records/s of a RetryPipeline in the DataFrame form (a transform in Spark SQL failing the
+       same records, routed the same way) / the same source -> same transform -> same sink in a
+       plain foreachBatch query with no routing.                                     goal >= 0.85
+       p8_vs_function: the DataFrame form's records/s / the per-record function's (P6's routed
+       pipeline) on the same records.                                                 goal >= 5
+       connect: the DataFrame-form pipeline's records/s on Spark Connect (a local Connect server
+       on local[2], from the pyspark wheel) / on the classic session.               goal >= 0.8
 
 Every figure is the median of --runs runs. A pipeline run is timed from `run()` (query start,
 included) to the end of the batch that handled the last main-topic record; by default one
@@ -31,8 +38,8 @@ which must not fall on the next run. Beside P5c: the CPU time of the whole machi
 broker per record during each source's runs, and P5c by CPU time with the broker's share left out
 (on 2 cores the broker competes with Spark). --malloc-kept runs Spark's Python workers with glibc
 settings that keep freed memory. With --json the last line is one JSON object of the figures.
---only p5 (or p6) measures only those figures (the others are left out, null in the JSON), to save
-time while working on one.
+--only p5 (or p6, p8) measures only those figures (the others are left out, null in the JSON), to
+save time while working on one.
 """
 
 from __future__ import annotations
@@ -62,10 +69,12 @@ from pyspark.sql.types import StructType
 
 from redrive import kafka
 from redrive.dev.brokers import DevBroker
+from redrive.dev.spark import ConnectServer
 from redrive.policy import Backoff, RetryPolicy
 from redrive.spark.outcomes import PipelineStats
 from redrive.spark.pipeline import RetryPipeline
 from redrive.spark.source import kafka_schema, register
+from redrive.spark.sql import functions
 
 PARTITIONS = 2
 VALUE_BYTES = 100
@@ -74,7 +83,7 @@ ROWS_PER_BATCH = 20_000
 # whole backlog of the partitions asked for; above librdkafka's default receive limit (100 MB)
 # a consumer stalls on "Invalid response size". Room for 1M records per connection and more.
 CONSUMER_OVERRIDES: Mapping[str, Any] = {"receive.message.max.bytes": 1_000_000_000}
-GOALS = {"p5": 0.5, "p5c": 0.8, "p6": 0.85}
+GOALS = {"p5": 0.5, "p5c": 0.8, "p6": 0.85, "p8": 0.85, "p8_vs_function": 5.0, "connect": 0.8}
 BACKOFF = "1h"
 OUTPUT_SCHEMA = "n int"
 FIXED_COST_RECORDS = 2_000
@@ -105,6 +114,16 @@ def handle(record: dict[str, Any], fail_per_10k: int) -> dict[str, Any]:
     if fails(int(record["offset"]), fail_per_10k):
         raise ConnectionError("upstream unavailable")
     return {"n": len(record["value"] or b"")}
+
+
+def failing_transform(frame: Any, fail_per_10k: int) -> Any:
+    """The DataFrame form of `handle`: the same records fail, in Spark SQL."""
+    F = functions(frame)
+    failed = (F.col("offset") * F.lit(2654435761)) % 10_000 < fail_per_10k
+    error = F.when(failed, F.struct(F.lit("ConnectionError").alias("type"),
+                                    F.lit("upstream unavailable").alias("message")))
+    return frame.select("topic", "partition", "offset", F.length("value").alias("n"),
+                        error.alias("error"))
 
 
 # --- P5: the source against a raw consumer and a no-broker source ---------------------------
@@ -282,25 +301,32 @@ class Bench:
 
     def pipeline(self, fail_per_10k: int, sink: Callable[[Any, int], None],
                  on_batch: Callable[[int, PipelineStats], None] | None = None,
-                 topic: str | None = None) -> RetryPipeline:
+                 topic: str | None = None, form: str = "function",
+                 spark: Any = None) -> RetryPipeline:
+        """form "function" (per record, P6) or "transform" (the DataFrame form, P8)."""
         group = f"bench-{uuid.uuid4().hex[:8]}"
+        shape: dict[str, Any] = (
+            {"transform": partial(failing_transform, fail_per_10k=fail_per_10k)}
+            if form == "transform" else
+            {"function": partial(handle, fail_per_10k=fail_per_10k),
+             "output_schema": OUTPUT_SCHEMA})
         return RetryPipeline(
-            self.spark, self.connection, topic or self.topic, group,
-            RetryPolicy(backoff=Backoff.fixed(BACKOFF)),
-            function=partial(handle, fail_per_10k=fail_per_10k),
-            output_schema=OUTPUT_SCHEMA, sink=sink, checkpoint=str(self.workdir / group),
+            spark or self.spark, self.connection, topic or self.topic, group,
+            RetryPolicy(backoff=Backoff.fixed(BACKOFF)), **shape,
+            sink=sink, checkpoint=str(self.workdir / group),
             trigger_interval="0 seconds", max_offsets_per_trigger=self.max_offsets,
             on_batch=on_batch)
 
     def run_pipeline(self, fail_per_10k: int, *, topic: str | None = None,
-                     records: int | None = None) -> PipelineRun:
+                     records: int | None = None, form: str = "function",
+                     spark: Any = None) -> PipelineRun:
         records = self.records if records is None else records
         marks: list[tuple[float, int]] = []
 
         def on_batch(batch_id: int, stats: PipelineStats) -> None:
             marks.append((time.perf_counter(), stats.records))
 
-        pipeline = self.pipeline(fail_per_10k, noop_sink, on_batch, topic)
+        pipeline = self.pipeline(fail_per_10k, noop_sink, on_batch, topic, form, spark)
         settle(self.meter)
         _, broker_before = self.meter.read()
         started = time.perf_counter()
@@ -360,6 +386,42 @@ class Bench:
             raise SystemExit(f"bare query counted {seen[0]} records, expected {self.records}")
         return self.records / (ended[0] - started)
 
+    def run_plain_transform(self, fail_per_10k: int) -> float:
+        """Records/s of P8's baseline: the pipeline's source and transform, its successes to the
+        same no-op sink, in a plain foreachBatch query; failed rows are dropped, not routed.
+        Rows are counted from the query's progress, so the baseline reads each batch once."""
+        pipeline = self.pipeline(fail_per_10k, noop_sink, form="transform")
+        pipeline.ensure_topics()
+        transform = partial(failing_transform, fail_per_10k=fail_per_10k)
+        ends: list[float] = []
+        settle(self.meter)
+
+        def batch(frame: Any, batch_id: int) -> None:
+            noop_sink(transform(frame).where("error IS NULL").drop("error"), batch_id)
+            ends.append(time.perf_counter())
+
+        started = time.perf_counter()
+        query = (pipeline.stream().writeStream.foreachBatch(batch)
+                 .option("checkpointLocation", pipeline.checkpoint)
+                 .trigger(processingTime="0 seconds").start())
+        try:
+            deadline = time.monotonic() + 300 + self.records / 1_000
+            while True:
+                sizes = [p.numInputRows for p in query.recentProgress if p.numInputRows]
+                if sum(sizes) >= self.records:
+                    break
+                if not query.isActive or time.monotonic() > deadline:
+                    raise SystemExit(f"plain transform query read {sum(sizes)} of "
+                                     f"{self.records} records: {query.exception()}")
+                time.sleep(0.05)
+        finally:
+            query.stop()
+        if sum(sizes) != self.records:
+            raise SystemExit(f"plain transform query read {sum(sizes)} records, "
+                             f"expected {self.records}")
+        self.drop_topics(pipeline)
+        return self.records / (ends[len(sizes) - 1] - started)
+
 
 # --- the run -------------------------------------------------------------------------------
 
@@ -401,7 +463,7 @@ def median(values: list[float]) -> float:
 def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
             max_offsets: int, only: str | None = None,
             broker_pid: int | None = None, malloc_kept: bool = False) -> dict[str, Any]:
-    p5, p6 = only in (None, "p5"), only in (None, "p6")
+    p5, p6, p8 = only in (None, "p5"), only in (None, "p6"), only in (None, "p8")
     say(f"filling a {PARTITIONS}-partition topic with {records:,} records of {VALUE_BYTES} "
         "bytes ...")
     topic = fill(bootstrap, records)
@@ -434,8 +496,11 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
             timed_count(partial(redrive_count, topic), records, meter)
             timed_count(memory_count, records, meter)
             timed_count(partial(memory_count, prebuilt=True), records, meter)
-        if p6:
+        if p6 or p8:
             bench.run_pipeline(fail_per_10k, topic=small_topic, records=FIXED_COST_RECORDS)
+        if p8:
+            bench.run_pipeline(fail_per_10k, topic=small_topic, records=FIXED_COST_RECORDS,
+                               form="transform")
         sources: list[Count] = []
         memories: list[Count] = []
         ceilings: list[Count] = []
@@ -456,6 +521,17 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
                     (routed if fail else plain).append(bench.run_pipeline(fail))
             say("bare query ...")
             bare = bench.run_bare()
+        frames: list[PipelineRun] = []
+        plain_transforms: list[float] = []
+        remote: list[PipelineRun] = []
+        if p8:
+            for run in range(runs):
+                say(f"P8 run {run + 1}/{runs}: DataFrame form, routing and plain ...")
+                if not p6:
+                    routed.append(bench.run_pipeline(fail_per_10k))
+                frames.append(bench.run_pipeline(fail_per_10k, form="transform"))
+                plain_transforms.append(bench.run_plain_transform(fail_per_10k))
+            remote = measure_connect(bench, workdir, fail_per_10k, runs, small_topic)
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -516,7 +592,49 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
             "pipeline_plain_wall_s_runs": [round(r.wall_s, 1) for r in plain],
             "pipeline_routed_wall_s_runs": [round(r.wall_s, 1) for r in routed],
         })
+    if p8:
+        frame_rate = median([r.rate for r in frames])
+        function_rate = median([r.rate for r in routed])
+        remote_rate = median([r.rate for r in remote])
+        figures.update({
+            "p8": frame_rate / median(plain_transforms),
+            "p8_vs_function": frame_rate / function_rate,
+            "connect": remote_rate / frame_rate,
+            "frame_pipeline_records_per_s": frame_rate,
+            "plain_transform_records_per_s": median(plain_transforms),
+            "function_pipeline_records_per_s": function_rate,
+            "connect_frame_pipeline_records_per_s": remote_rate,
+            "p8_runs": [round(r.rate / t, 3) for r, t in zip(frames, plain_transforms,
+                                                               strict=True)],
+            "connect_runs": [round(r.rate / c.rate, 3) for r, c in zip(remote, frames,
+                                                                        strict=True)],
+            "frame_routed_records": frames[0].routed,
+        })
     return figures
+
+
+def measure_connect(bench: Bench, workdir: Path, fail_per_10k: int, runs: int,
+                    warm_topic: str) -> list[PipelineRun]:
+    """The DataFrame-form pipeline on a Spark Connect session of a local Connect server (its
+    own JVM on local[2], like the classic session's), after one warm-up run."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    say("starting a Spark Connect server ...")
+    with ConnectServer(workdir / "connect", confs={
+            "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "4g"}) as server:
+        session = ConnectSession.builder.remote(server.remote).create()
+        try:
+            register(session)
+            bench.run_pipeline(fail_per_10k, topic=warm_topic, records=FIXED_COST_RECORDS,
+                               form="transform", spark=session)
+            remote = []
+            for run in range(runs):
+                say(f"connect run {run + 1}/{runs} ...")
+                remote.append(bench.run_pipeline(fail_per_10k, form="transform",
+                                                 spark=session))
+        finally:
+            session.stop()
+    return remote
 
 
 def table(figures: Mapping[str, Any], broker: str) -> str:
@@ -546,6 +664,11 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
     if p6:
         label = "P6   RetryPipeline routing {:g}% / no routing".format(figures["fail_rate"] * 100)
         lines.append(f"{label:<62}{figures['p6']:>12.3f}{'>= ' + str(GOALS['p6']):>10}")
+    if "p8" in figures:
+        for key, label in (("p8", "P8   DataFrame-form pipeline / plain transform query"),
+                           ("p8_vs_function", "     DataFrame form / per-record function"),
+                           ("connect", "     DataFrame form on Spark Connect / classic")):
+            lines.append(f"{label:<62}{figures[key]:>12.3f}{'>= ' + str(GOALS[key]):>10}")
     lines += ["", f"{'measure':<62}{'records/s':>12}"]
     rows = [
         ("redrive-kafka batch read, count()", "source_records_per_s"),
@@ -556,6 +679,11 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
         ("RetryPipeline, no failures", "pipeline_plain_records_per_s"),
         ("bare query: source, function step, one count per batch",
          "bare_query_records_per_s"),
+        ("RetryPipeline, DataFrame form, failures routed", "frame_pipeline_records_per_s"),
+        ("the same on Spark Connect", "connect_frame_pipeline_records_per_s"),
+        ("plain query: source, transform, no-op sink", "plain_transform_records_per_s"),
+        ("RetryPipeline, per-record function, failures routed",
+         "function_pipeline_records_per_s"),
     ]
     lines += [f"{label:<62}{figures[key]:>12,.0f}" for label, key in rows if key in figures]
     lines.append("")
@@ -569,7 +697,8 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
             f"{figures['pipeline_fixed_cost_s']:.1f} s",
         ]
     runs = [f"{name} {figures[key]}" for name, key in
-            (("P5", "p5_runs"), ("P5c", "p5c_runs"), ("P6", "p6_runs")) if key in figures]
+            (("P5", "p5_runs"), ("P5c", "p5c_runs"), ("P6", "p6_runs"), ("P8", "p8_runs"),
+             ("connect", "connect_runs")) if key in figures]
     lines.append("per run: " + "  ".join(runs))
     if p5:
         lines.append(f"records/s per run: source {figures['source_records_per_s_runs']}, "
@@ -600,8 +729,8 @@ def main() -> None:
                         help="share of records the routed pipeline's function fails")
     parser.add_argument("--max-offsets", type=int,
                         help="maxOffsetsPerTrigger of the pipelines (default: all records)")
-    parser.add_argument("--only", choices=("p5", "p6"),
-                        help="measure only these figures (P5 and P5c, or P6)")
+    parser.add_argument("--only", choices=("p5", "p6", "p8"),
+                        help="measure only these figures (P5 and P5c, P6, or P8 and connect)")
     parser.add_argument("--malloc-kept", action="store_true",
                         help="run Spark's Python workers with " + " ".join(
                             f"{k}={v}" for k, v in MALLOC_KEPT.items()))
@@ -621,7 +750,8 @@ def main() -> None:
             broker.close()
     print(table(figures, "noida-db 0.2.3" if broker is not None else "external cluster"))
     if args.json:
-        keys = ("p5", "p5c", "p6", "source_records_per_s", "raw_records_per_s")
+        keys = ("p5", "p5c", "p6", "p8", "p8_vs_function", "connect", "source_records_per_s",
+                "raw_records_per_s")
         print(json.dumps({**dict.fromkeys(keys), **figures}))
 
 
