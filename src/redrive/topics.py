@@ -95,6 +95,14 @@ def dead_letter_name(topic: str, group: str) -> str:
     return SEPARATOR.join((topic, group, "dlt"))
 
 
+PIPELINE_LEDGER_PREFIX = "redrive.pipeline."
+
+
+def pipeline_ledger_name(group: str) -> str:
+    """A Spark pipeline's batch ledger: one partition, shared by all the group's main topics."""
+    return PIPELINE_LEDGER_PREFIX + group
+
+
 @functools.lru_cache(maxsize=1024)
 def plan(policy: RetryPolicy, topic: str, group: str) -> TopicPlan:
     """The retry and dead-letter topics `group` needs to retry records of `topic` under `policy`."""

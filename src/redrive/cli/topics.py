@@ -21,24 +21,29 @@ def topics_group() -> None:
     """Plan and create the retry and dead-letter topics of a group."""
 
 
-def _plan_rows(plan: topics.TopicPlan) -> list[list[object]]:
+def _plan_rows(plan: topics.TopicPlan, spark: bool) -> list[list[object]]:
     rows: list[list[object]] = [[plan.topic, "main", "", "first delivery"]]
     for retry_topic in plan.retry_topics:
         served = ", ".join(str(r + 1) for r in retry_topic.retries)
         rows.append([retry_topic.name, "retry", retry_topic.delay, f"attempts {served}"])
     if plan.dead_letter:
         rows.append([plan.dead_letter, "dead-letter", "", "after the last attempt"])
+    if spark:
+        rows.append([topics.pipeline_ledger_name(plan.group), "batch ledger", "",
+                     "each micro-batch's routing and report (1 partition)"])
     return rows
 
 
 @topics_group.command("plan")
 @_topic_and_group
 @policy_options
-def topics_plan(topic: str, group: str, **policy_args: Any) -> None:
+@click.option("--spark", is_flag=True,
+              help="The group is a RetryPipeline: show its batch ledger topic too.")
+def topics_plan(topic: str, group: str, spark: bool, **policy_args: Any) -> None:
     """Print the topics a policy needs, with each retry topic's delay and the attempts it serves."""
     policy = policy_from_options(**policy_args)
     plan = topics.plan(policy, topic, group)
-    click.echo(table(["topic", "role", "delay", "serves"], _plan_rows(plan)))
+    click.echo(table(["topic", "role", "delay", "serves"], _plan_rows(plan, spark)))
     click.echo(f"\npolicy: {policy.describe()}")
 
 

@@ -21,12 +21,11 @@ from typing import Any
 from confluent_kafka import Consumer, Producer
 
 from redrive import headers as h
-from redrive import kafka
+from redrive import kafka, topics
 from redrive.errors import MalformedHeader
 from redrive.kafka.ranges import LastClientError, PartitionRange, RangeReader, range_consumer
 
 ROUTING, DONE = "routing", "done"
-PREFIX = "redrive.pipeline."
 # A copy is known by its origin and the attempt it carries: a replayed batch routes the same
 # record to the same attempt, whatever time it runs.
 CopyKey = tuple[str, int, int, int]
@@ -34,7 +33,7 @@ _READ_IDLE_S = 10.0
 
 
 def ledger_topic(group: str) -> str:
-    return PREFIX + group
+    return topics.pipeline_ledger_name(group)
 
 
 @dataclass(frozen=True)

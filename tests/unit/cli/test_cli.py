@@ -31,6 +31,14 @@ def plan_rows(result: Result) -> dict[str, list[str]]:
     return {line.split()[0]: line.split()[1:] for line in table}
 
 
+def test_topics_plan_for_a_spark_pipeline_shows_its_batch_ledger() -> None:
+    args = ["topics", "plan", "--topic", "orders", "--group", "billing", "--backoff", "1s"]
+    assert "redrive.pipeline.billing" not in plan_rows(CliRunner().invoke(cli, args))
+    rows = plan_rows(CliRunner().invoke(cli, [*args, "--spark"]))
+    assert rows["redrive.pipeline.billing"][:2] == ["batch", "ledger"]
+    assert "(1 partition)" in " ".join(rows["redrive.pipeline.billing"])
+
+
 def test_topics_plan_with_an_exponential_backoff() -> None:
     result = CliRunner().invoke(cli, ["topics", "plan", "--topic", "orders", "--group", "billing",
                                       "--exponential", "1s", "--multiplier", "3",
