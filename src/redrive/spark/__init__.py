@@ -1,9 +1,11 @@
 """PySpark integration: the `redrive-kafka` source (Spark's Kafka schema plus the due gate), a
 Kafka writer that keeps headers and fails a task unless every record was acknowledged,
-RetryPipeline, and for pipelines of their own: retry_stream and route_failures."""
+RetryPipeline, for pipelines of their own retry_stream and route_failures, and a group's dead
+letters as a DataFrame (dead_letters) with replay of a selection of them."""
 
 from __future__ import annotations
 
+from redrive.spark.dead_letter_table import dead_letters, replay
 from redrive.spark.failures import RouteCounts, route_failures
 from redrive.spark.options import SourceOptionError, SourceOptions, kafka_schema
 from redrive.spark.outcomes import PipelineStats
@@ -23,8 +25,10 @@ __all__ = [
     "SourceOptionError",
     "SourceOptions",
     "WriterInputError",
+    "dead_letters",
     "kafka_schema",
     "register",
+    "replay",
     "retry_stream",
     "route_failures",
     "write_to_kafka",
