@@ -200,6 +200,29 @@ def test_skip_lost_on_a_range_wholly_deleted_reads_nothing_and_ends(
         read_ranges(bootstrap, [PartitionRange(topic, 0, 1, 5)])
 
 
+def test_a_range_skipped_whole_is_left_unassigned_so_close_returns(
+        bootstrap: str, new_topic: NewTopic) -> None:
+    # Assigned again with nothing left to read, the partition kept a fetcher that nothing polled
+    # and close() waited forever about once in twenty runs.
+    topic = new_topic(2)
+    produce_values(bootstrap, topic, [f"a{i}" for i in range(10)], partition=0)
+    produce_values(bootstrap, topic, [f"b{i}" for i in range(4)], partition=1)
+    delete_records_below(bootstrap, topic, 0, 8)
+    consumer = range_consumer(bootstrap)
+    try:
+        reader = RangeReader(consumer, [PartitionRange(topic, 0, 1, 5),
+                                        PartitionRange(topic, 1, 0, 4)],
+                             idle_s=IDLE_S, skip_lost=True)
+        chunks = list(reader.chunks())
+        assert by_partition(chunks) == {1: [(i, f"b{i}") for i in range(4)]}
+        assert reader.position((topic, 0)) == 5
+        assert [(tp.topic, tp.partition) for tp in consumer.assignment()] == [(topic, 1)]
+    finally:
+        started = time.monotonic()
+        consumer.close()
+        assert time.monotonic() - started < PROMPT_S
+
+
 def test_first_kept_goes_on_where_the_broker_still_holds_the_offset() -> None:
     part = PartitionRange("orders", 4, 10, 20)
     assert first_kept(part, 12, 12, skip_lost=False) == 12
