@@ -1,11 +1,12 @@
 """PySpark integration: the `redrive-kafka` source (Spark's Kafka schema plus the due gate), a
 Kafka writer that keeps headers and fails a task unless every record was acknowledged,
 RetryPipeline, for pipelines of their own retry_stream and route_failures, and a group's dead
-letters as a DataFrame (dead_letters) with replay of a selection of them."""
+letters as a DataFrame (dead_letters). Replaying a selection of that table is an on-call tool,
+`redrive.ops.selection.replay_selection`: runtimes never import `redrive.ops`."""
 
 from __future__ import annotations
 
-from redrive.spark.dead_letter_table import dead_letters, replay
+from redrive.spark.dead_letter_table import dead_letters
 from redrive.spark.failures import RouteCounts, route_failures
 from redrive.spark.options import SourceOptionError, SourceOptions, kafka_schema
 from redrive.spark.outcomes import PipelineStats
@@ -28,7 +29,6 @@ __all__ = [
     "dead_letters",
     "kafka_schema",
     "register",
-    "replay",
     "retry_stream",
     "route_failures",
     "write_to_kafka",

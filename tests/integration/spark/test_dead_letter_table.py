@@ -1,180 +1,290 @@
-"""A group's dead-letter topic as a DataFrame on real Spark and noida-db: redrive's, Spring
-Kafka's, Kafka Connect's and Kafka Streams' dead letters decoded into the same columns, queried
-with SQL, and a selection replayed through the replay log (once only)."""
+"""A group's dead-letter topic as a table, on real Spark and the session's broker: redrive's,
+Spring Kafka's, Kafka Connect's and Kafka Streams' dead letters decoded into the same columns,
+queried with SQL, and a selection replayed through the replay log, each record once."""
 
 from __future__ import annotations
 
-import time
+import datetime as dt
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from redrive import headers as h
 from redrive import kafka
+from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, UnknownTopic
+from redrive.ops.replay import first_retry_topic, read_log
+from redrive.ops.selection import replay_selection
 from redrive.policy import Backoff, RetryPolicy, error_type
 from redrive.record import ErrorInfo, Record
-from redrive.routing import route
-from redrive.spark import dead_letters, replay
+from redrive.routing import DeadLetter, route
+from redrive.spark import dead_letters
 
 from .test_pipeline import read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
+# One retry, so that a retryable error is dead-lettered as exhausted on its second failure.
 POLICY = RetryPolicy(backoff=Backoff.sequence("1s"), not_retryable=error_type("ParseError"))
-FIRST_FAILURE_MS = 1_700_000_000_000
+PRODUCED_MS = 1_700_000_000_000  # the original records' timestamp
+FAILED_MS = PRODUCED_MS + 5_000  # their first failure
+PARSE = ErrorInfo("app.ParseError", "cannot parse order")
 
 
-def redrive_letter(topic: str, group: str, key: str, offset: int, error: ErrorInfo
-                   ) -> kafka.OutRecord:
-    """A dead letter as redrive writes it, from the routing decisions themselves: a retryable
-    error is retried once (POLICY's one retry), then exhausted."""
-    record = Record(topic, 0, offset, FIRST_FAILURE_MS, key.encode(), f"v-{key}".encode(), [])
-    decision = route(record, error, POLICY, FIRST_FAILURE_MS, group=group)
-    if decision.topic != f"{topic}.{group}.dlt":
-        retried = Record(decision.topic or "", 0, 0, FIRST_FAILURE_MS + 1000, record.key,
-                         record.value, list(decision.headers))
-        decision = route(retried, error, POLICY, FIRST_FAILURE_MS + 2000, group=group)
-    assert decision.topic == f"{topic}.{group}.dlt"
-    return kafka.OutRecord(decision.topic, record.value, record.key, decision.headers, 0)
+@dataclass(frozen=True)
+class Letters:
+    topic: str
+    group: str
+    dlt: str
 
 
-def foreign_letters(dlt: str) -> list[kafka.OutRecord]:
-    spring = [("kafka_dlt-original-topic", b"payments"),
-              ("kafka_dlt-original-partition", (2).to_bytes(4, "big")),
-              ("kafka_dlt-original-offset", (41).to_bytes(8, "big")),
-              ("kafka_dlt-original-timestamp", (FIRST_FAILURE_MS).to_bytes(8, "big")),
-              ("kafka_dlt-original-consumer-group", b"java-billing"),
-              ("kafka_dlt-exception-fqcn", b"java.lang.IllegalStateException"),
-              ("kafka_dlt-exception-message", b"bad state"),
-              ("kafka_dlt-exception-stacktrace", b"at Foo.bar(Foo.java:1)")]
-    connect = [("__connect.errors.topic", b"inventory"), ("__connect.errors.partition", b"1"),
-               ("__connect.errors.offset", b"7"),
-               ("__connect.errors.exception.class.name", b"org.apache.kafka.connect.errors."
-                                                         b"DataException"),
-               ("__connect.errors.exception.message", b"cannot convert"),
-               ("__connect.errors.exception.stacktrace", b"trace")]
-    streams = [("__streams.errors.topic", b"clicks"), ("__streams.errors.partition", b"0"),
-               ("__streams.errors.offset", b"9"),
-               ("__streams.errors.exception", b"org.apache.kafka.common.errors."
-                                              b"SerializationException"),
-               ("__streams.errors.message", b"bad bytes"), ("__streams.errors.stacktrace", b"t")]
-    malformed = [(h.REASON, b"exhausted"), (h.ATTEMPT, b"two")]
-    return [kafka.OutRecord(dlt, b"s", b"spring", spring, 0),
-            kafka.OutRecord(dlt, b"c", b"connect", connect, 0),
-            kafka.OutRecord(dlt, b"k", b"streams", streams, 0),
-            kafka.OutRecord(dlt, b"m", b"malformed", malformed, 0),
-            kafka.OutRecord(dlt, b"p", b"plain", [], 0)]
+def stamp_ms(value: dt.datetime | None) -> int | None:
+    return None if value is None else round(value.timestamp() * 1000)
+
+
+def redrive_letter(topic: str, group: str, key: str, offset: int, error: ErrorInfo,
+                   headers: list[tuple[str, bytes]] | None = None) -> DeadLetter:
+    """The dead letter redrive's routing makes of a record of `topic` failing in `group`: a
+    retryable error is retried once and dead-lettered on its second failure."""
+    record = Record(topic, 0, offset, PRODUCED_MS, key.encode(), f"v-{key}".encode(),
+                    headers or [])
+    decision = route(record, error, POLICY, FAILED_MS, group=group)
+    if not isinstance(decision, DeadLetter):
+        retried = Record(decision.topic, 0, 0, FAILED_MS, record.key, record.value,
+                         list(decision.headers))
+        decision = route(retried, error, POLICY, FAILED_MS + 1_000, group=group)
+    assert isinstance(decision, DeadLetter), decision
+    return decision
+
+
+def out(dlt: str, partition: int, key: str, headers: list[tuple[str, bytes]],
+        value: bytes | None = None) -> kafka.OutRecord:
+    return kafka.OutRecord(dlt, value if value is not None else f"v-{key}".encode(),
+                           key.encode(), headers, partition)
+
+
+def foreign_headers() -> dict[str, list[tuple[str, bytes]]]:
+    """Dead-letter headers as Spring Kafka, Kafka Connect and Kafka Streams write them."""
+    return {
+        "spring": [("kafka_dlt-original-topic", b"payments"),
+                   ("kafka_dlt-original-partition", (2).to_bytes(4, "big")),
+                   ("kafka_dlt-original-offset", (41).to_bytes(8, "big")),
+                   ("kafka_dlt-original-timestamp", PRODUCED_MS.to_bytes(8, "big")),
+                   ("kafka_dlt-original-consumer-group", b"java-billing"),
+                   ("kafka_dlt-exception-fqcn", b"java.lang.IllegalStateException"),
+                   ("kafka_dlt-exception-message", b"bad state"),
+                   ("kafka_dlt-exception-stacktrace", b"at Foo.bar(Foo.java:1)")],
+        "connect": [("__connect.errors.topic", b"inventory"),
+                    ("__connect.errors.partition", b"1"), ("__connect.errors.offset", b"7"),
+                    ("__connect.errors.exception.class.name",
+                     b"org.apache.kafka.connect.errors.DataException"),
+                    ("__connect.errors.exception.message", b"cannot convert"),
+                    ("__connect.errors.exception.stacktrace", b"connect trace")],
+        "streams": [("__streams.errors.topic", b"clicks"), ("__streams.errors.partition", b"3"),
+                    ("__streams.errors.offset", b"9"),
+                    ("__streams.errors.exception",
+                     b"org.apache.kafka.common.errors.SerializationException"),
+                    ("__streams.errors.message", b"bad bytes"),
+                    ("__streams.errors.stacktrace", b"streams trace")],
+    }
 
 
 @pytest.fixture
-def letters(bootstrap: str, new_topic: Any, unique_name: Any) -> tuple[str, str, str]:
+def letters(bootstrap: str, new_topic: Any, unique_name: Any) -> Letters:
+    """Ten dead letters over the two partitions of a group's dead-letter topic:
+    partition 0: bad0, bad1 (ParseError), odd (KeyError, exhausted), routed (malformed),
+    broken (a redrive header that cannot be read); partition 1: bad2, spring, connect,
+    streams, plain (no headers at all)."""
     topic, group = new_topic(1), unique_name("table")
-    dlt = f"{topic}.{group}.dlt"
-    kafka.create_topics(kafka.admin(bootstrap), {dlt: 1})
-    parse = ErrorInfo("app.ParseError", "cannot parse order 7")
-    records = [redrive_letter(topic, group, f"bad{i}", 10 + i, parse) for i in range(3)]
-    records.append(redrive_letter(topic, group, "odd", 20, ErrorInfo("KeyError", "no field")))
-    kafka.produce_confirmed(kafka.producer(bootstrap), records + foreign_letters(dlt))
-    return topic, group, dlt
+    dlt = new_topic(2, name=f"{topic}.{group}.dlt")
+    bad = [redrive_letter(topic, group, f"bad{i}", 10 + i, PARSE) for i in range(3)]
+    odd = redrive_letter(topic, group, "odd", 20, ErrorInfo("KeyError", "no field 'total'"))
+    routed = redrive_letter(topic, group, "routed", 30, PARSE, [(h.ATTEMPT, b"two")])
+    broken = [(name, b"eleven" if name == h.ORIGINAL_OFFSET else value)
+              for name, value in bad[1].headers]
+    foreign = foreign_headers()
+    records = [out(dlt, 0, "bad0", bad[0].headers), out(dlt, 0, "bad1", bad[1].headers),
+               out(dlt, 0, "odd", odd.headers), out(dlt, 0, "routed", routed.headers),
+               out(dlt, 0, "broken", broken),
+               out(dlt, 1, "bad2", bad[2].headers),
+               *(out(dlt, 1, system, foreign[system]) for system in foreign),
+               out(dlt, 1, "plain", [])]
+    kafka.produce_confirmed(kafka.producer(bootstrap), records)
+    return Letters(topic, group, dlt)
 
 
-def test_every_system_decodes_into_the_same_columns(spark: Any, bootstrap: str,
-                                                    letters: tuple[str, str, str]) -> None:
-    topic, group, dlt = letters
-    rows = {bytes(r["key"]).decode(): r.asDict() for r in
-            dead_letters(spark, bootstrap, topic, group).collect()}
-    assert len(rows) == 9
+def test_each_system_s_dead_letters_decode_into_the_same_columns(
+        spark: Any, bootstrap: str, letters: Letters) -> None:
+    rows = {bytes(r["key"]).decode(): r.asDict()
+            for r in dead_letters(spark, bootstrap, letters.topic, letters.group).collect()}
+    assert sorted(rows) == sorted(["bad0", "bad1", "bad2", "odd", "routed", "broken", "spring",
+                                   "connect", "streams", "plain"])
+
     bad = rows["bad1"]
+    assert (bad["dlt_topic"], bad["dlt_partition"], bad["dlt_offset"]) == (letters.dlt, 0, 1)
+    assert (bad["dlt_main_topic"], bad["dlt_group"]) == (letters.topic, letters.group)
+    assert isinstance(bad["dlt_timestamp"], dt.datetime)
     assert (bad["system"], bad["reason"], bad["error_type"], bad["error_message"]) == (
-        "redrive", "not-retryable", "app.ParseError", "cannot parse order 7")
+        "redrive", "not-retryable", "app.ParseError", "cannot parse order")
     assert (bad["original_topic"], bad["original_partition"], bad["original_offset"]) == (
-        topic, 0, 11)
-    assert (bad["attempt"], bad["group"], bytes(bad["value"])) == (1, group, b"v-bad1")
-    assert int(bad["first_failure"].timestamp() * 1000) == FIRST_FAILURE_MS
-    assert (bad["dlt_topic"], bad["dlt_partition"], bad["dlt_offset"]) == (dlt, 0, 1)
-    assert (bad["dlt_main_topic"], bad["dlt_group"]) == (topic, group)
+        letters.topic, 0, 11)
+    assert stamp_ms(bad["original_timestamp"]) == PRODUCED_MS
+    assert stamp_ms(bad["first_failure"]) == FAILED_MS
+    assert (bad["attempt"], bad["group"], bad["problem"]) == (1, letters.group, None)
+    assert bytes(bad["value"]) == b"v-bad1"
+    assert (h.REASON, b"not-retryable") in [(p["key"], bytes(p["value"])) for p in bad["headers"]]
+    assert (rows["bad2"]["dlt_partition"], rows["bad2"]["original_offset"]) == (1, 12)
+
+    odd = rows["odd"]
+    assert (odd["reason"], odd["attempt"], odd["error_type"], odd["error_message"]) == (
+        "exhausted", 2, "KeyError", "no field 'total'")
+    assert (odd["original_topic"], odd["original_offset"]) == (letters.topic, 20)
+    assert stamp_ms(odd["first_failure"]) == FAILED_MS  # kept from the first failure
+
+    assert (rows["routed"]["system"], rows["routed"]["reason"], rows["routed"]["attempt"],
+            rows["routed"]["problem"]) == ("redrive", "malformed", 1, None)
+
+    broken = rows["broken"]
+    assert broken["system"] is None and broken["reason"] is None
+    assert h.ORIGINAL_OFFSET in broken["problem"] and "eleven" in broken["problem"]
+    assert (bytes(broken["key"]), bytes(broken["value"])) == (b"broken", b"v-broken")
+
     spring = rows["spring"]
-    assert (spring["system"], spring["error_type"], spring["group"]) == (
-        "spring", "java.lang.IllegalStateException", "java-billing")
+    assert (spring["system"], spring["error_type"], spring["error_message"],
+            spring["error_trace"], spring["group"]) == (
+        "spring", "java.lang.IllegalStateException", "bad state", "at Foo.bar(Foo.java:1)",
+        "java-billing")
     assert (spring["original_topic"], spring["original_partition"],
             spring["original_offset"]) == ("payments", 2, 41)
-    assert int(spring["original_timestamp"].timestamp() * 1000) == FIRST_FAILURE_MS
-    assert spring["error_trace"] == "at Foo.bar(Foo.java:1)"
-    assert (rows["connect"]["system"], rows["connect"]["original_offset"],
-            rows["connect"]["error_message"]) == ("connect", 7, "cannot convert")
-    assert (rows["streams"]["system"], rows["streams"]["original_topic"]) == ("streams", "clicks")
-    odd = rows["odd"]
-    assert (odd["reason"], odd["attempt"], odd["error_type"]) == ("exhausted", 2, "KeyError")
-    assert (odd["original_topic"], odd["original_offset"]) == (topic, 20)
-    assert int(odd["first_failure"].timestamp() * 1000) == FIRST_FAILURE_MS
-    malformed = rows["malformed"]
-    assert malformed["system"] is None and "two" in malformed["problem"]
-    assert rows["plain"]["system"] is None and rows["plain"]["problem"] is None
+    assert stamp_ms(spring["original_timestamp"]) == PRODUCED_MS
+    assert (spring["reason"], spring["attempt"], spring["first_failure"]) == (None, None, None)
+
+    connect = rows["connect"]
+    assert (connect["system"], connect["error_type"], connect["error_message"],
+            connect["error_trace"]) == (
+        "connect", "org.apache.kafka.connect.errors.DataException", "cannot convert",
+        "connect trace")
+    assert (connect["original_topic"], connect["original_partition"],
+            connect["original_offset"], connect["group"]) == ("inventory", 1, 7, None)
+
+    streams = rows["streams"]
+    assert (streams["system"], streams["error_type"], streams["error_message"]) == (
+        "streams", "org.apache.kafka.common.errors.SerializationException", "bad bytes")
+    assert (streams["original_topic"], streams["original_partition"],
+            streams["original_offset"]) == ("clicks", 3, 9)
+
+    plain = rows["plain"]
+    assert [plain[name] for name in ("system", "reason", "error_type", "original_topic",
+                                     "problem")] == [None] * 5
+    assert (bytes(plain["value"]), plain["headers"]) == (b"v-plain", None)  # as Spark's source
 
 
-def test_failures_can_be_queried_with_sql(spark: Any, bootstrap: str,
-                                          letters: tuple[str, str, str]) -> None:
-    topic, group, _ = letters
-    dead_letters(spark, bootstrap, topic, group).createOrReplaceTempView("failures")
-    counted = {r["system"]: r["n"] for r in spark.sql(
-        "SELECT system, count(*) AS n FROM failures WHERE problem IS NULL GROUP BY system"
-    ).collect()}
-    assert counted == {"redrive": 4, "spring": 1, "connect": 1, "streams": 1, None: 1}
-    parse = spark.sql("SELECT count(*) FROM failures WHERE error_type LIKE '%ParseError'")
-    assert parse.collect()[0][0] == 3
+def test_the_table_answers_sql_through_a_temp_view(spark: Any, bootstrap: str,
+                                                    letters: Letters) -> None:
+    dead_letters(spark, bootstrap, letters.topic, letters.group) \
+        .createOrReplaceTempView("dead_letters_sql")
+    by_type = {r["error_type"]: r["n"] for r in spark.sql(
+        "SELECT error_type, count(*) AS n FROM dead_letters_sql GROUP BY error_type").collect()}
+    assert by_type == {"app.ParseError": 3, "KeyError": 1,
+                       "redrive.errors.MalformedHeader": 1,
+                       "java.lang.IllegalStateException": 1,
+                       "org.apache.kafka.connect.errors.DataException": 1,
+                       "org.apache.kafka.common.errors.SerializationException": 1, None: 2}
+    offsets = spark.sql("SELECT original_offset FROM dead_letters_sql WHERE system = 'redrive' "
+                        "AND reason = 'not-retryable' ORDER BY original_offset").collect()
+    assert [r[0] for r in offsets] == [10, 11, 12]
 
 
-def test_an_empty_dead_letter_topic_has_no_rows_and_an_unknown_one_is_named(
+def test_an_empty_dead_letter_topic_gives_no_rows_and_an_unknown_one_is_named(
         spark: Any, bootstrap: str, new_topic: Any, unique_name: Any) -> None:
     topic, group = new_topic(1), unique_name("empty")
-    kafka.create_topics(kafka.admin(bootstrap), {f"{topic}.{group}.dlt": 2})
+    new_topic(2, name=f"{topic}.{group}.dlt")
     assert dead_letters(spark, bootstrap, topic, group).count() == 0
-    with pytest.raises(UnknownTopic, match=f"{topic}.nobody.dlt"):
+    with pytest.raises(UnknownTopic, match=f"'{topic}.nobody.dlt'"):
         dead_letters(spark, bootstrap, topic, "nobody")
+    with pytest.raises(InvalidArgument, match="invalid group="):
+        dead_letters(spark, bootstrap, topic, "no/such")
 
 
-def test_a_selection_is_replayed_once_through_the_replay_log(
-        spark: Any, bootstrap: str, letters: tuple[str, str, str]) -> None:
-    topic, group, _ = letters
-    table = dead_letters(spark, bootstrap, topic, group)
-    selection = table.where("error_type LIKE '%ParseError'")
-    [dry] = replay(selection, bootstrap, dry_run=True)
-    assert (dry.selected, len(dry.planned), dry.replayed) == (3, 3, [])
-    assert read_all(bootstrap, topic) == []
+def test_a_selection_is_replayed_to_its_original_topic_once(
+        spark: Any, bootstrap: str, letters: Letters) -> None:
+    dead_letters(spark, bootstrap, letters.topic, letters.group) \
+        .createOrReplaceTempView("dead_letters_replay")
+    selection = spark.sql("SELECT * FROM dead_letters_replay WHERE error_type = 'app.ParseError'")
 
-    [report] = replay(selection, bootstrap, actor="test")
-    assert (report.selected, len(report.replayed)) == (3, 3)
-    copies = read_all(bootstrap, topic)
-    assert sorted(m.key().decode() for m in copies) == ["bad0", "bad1", "bad2"]
-    assert {bytes(m.value()) for m in copies} == {b"v-bad0", b"v-bad1", b"v-bad2"}
+    [dry] = replay_selection(selection, bootstrap, dry_run=True)
+    assert (dry.selected, dry.replayed) == (3, [])
+    assert sorted(source for source, _ in dry.planned) == [
+        (letters.dlt, 0, 0), (letters.dlt, 0, 1), (letters.dlt, 1, 0)]
+    assert {to for _, to in dry.planned} == {letters.topic}
+    assert read_all(bootstrap, letters.topic) == []
 
-    [again] = replay(selection, bootstrap, actor="test")
-    assert (len(again.replayed), len(again.already)) == (0, 3)
-    time.sleep(0.5)
-    assert len(read_all(bootstrap, topic)) == 3
+    [report] = replay_selection(selection, bootstrap, actor="on-call@test")
+    assert (report.selected, len(report.replayed), report.already) == (3, 3, [])
+    copies = {m.key().decode(): m for m in read_all(bootstrap, letters.topic)}
+    assert sorted(copies) == ["bad0", "bad1", "bad2"]
+    for index, key in enumerate(["bad0", "bad1", "bad2"]):
+        copy = copies[key]
+        headers = dict(copy.headers())
+        assert copy.value() == f"v-{key}".encode()
+        assert headers[h.GROUP] == letters.group.encode()
+        assert headers[h.ORIGINAL_TOPIC] == letters.topic.encode()
+        assert headers[h.ORIGINAL_OFFSET] == str(10 + index).encode()
+        assert headers[h.ERROR_TYPE] == b"app.ParseError"
+        assert int(headers[h.DUE]) <= now_ms()
+        # A fresh start: the policy's attempts and deadline count from the replay.
+        assert not {h.REASON, h.ATTEMPT, h.FIRST_FAILURE} & set(headers)
+    log = read_log(bootstrap, letters.dlt)
+    assert sorted(log) == [f"{letters.dlt}/0/0", f"{letters.dlt}/0/1", f"{letters.dlt}/1/0"]
+    assert {entry["who"] for entry in log.values()} == {"on-call@test"}
+
+    [again] = replay_selection(selection, bootstrap, actor="on-call@test")
+    assert (again.selected, again.replayed, len(again.already)) == (3, [], 3)
+    assert len(read_all(bootstrap, letters.topic)) == 3
 
 
-def test_replay_to_a_retry_topic_needs_the_policy_and_the_table_columns(
-        spark: Any, bootstrap: str, letters: tuple[str, str, str]) -> None:
-    topic, group, _ = letters
-    table = dead_letters(spark, bootstrap, topic, group)
-    with pytest.raises(InvalidArgument, match="policy"):
-        replay(table, bootstrap, to="retry")
-    with pytest.raises(InvalidArgument, match="dlt_topic"):
-        replay(table.select("key", "value"), bootstrap)
-    kafka.create_topics(kafka.admin(bootstrap), {f"{topic}.{group}.retry.1s": 1})
-    [report] = replay(table.where("key = CAST('bad0' AS BINARY)"), bootstrap, to="retry",
-                      policy=POLICY)
-    assert len(report.replayed) == 1
-    copies = read_all(bootstrap, f"{topic}.{group}.retry.1s")
-    assert [m.key() for m in copies] == [b"bad0"]
+def test_replay_to_the_retry_topic_and_what_it_refuses(
+        spark: Any, bootstrap: str, new_topic: Any, letters: Letters) -> None:
+    table = dead_letters(spark, bootstrap, letters.topic, letters.group)
+    with pytest.raises(InvalidArgument, match="invalid policy=None"):
+        replay_selection(table, bootstrap, to="retry")
+    with pytest.raises(InvalidArgument, match=r"invalid policy=.*original"):
+        replay_selection(table, bootstrap, policy=POLICY)
+    with pytest.raises(InvalidArgument, match="invalid to='sideways'"):
+        replay_selection(table, bootstrap, to="sideways")
+    with pytest.raises(InvalidArgument, match="dlt_topic, dlt_partition, dlt_offset"):
+        replay_selection(table.select("key", "value"), bootstrap)
+    with pytest.raises(InvalidArgument, match="invalid selection='list'"):
+        replay_selection([], bootstrap)
+    with pytest.raises(InvalidArgument, match="invalid rate='fast'"):
+        replay_selection(table, bootstrap, rate="fast")
+
+    retry_topic = new_topic(1, name=first_retry_topic(POLICY, letters.topic, letters.group))
+    [report] = replay_selection(table.where("key = CAST('odd' AS BINARY)"), bootstrap,
+                                to="retry", policy=POLICY, keep_attempts=True)
+    assert [copy.destination[0] for copy in report.replayed] == [retry_topic]
+    [copy] = read_all(bootstrap, retry_topic)
+    headers = dict(copy.headers())
+    assert (copy.key(), headers[h.ATTEMPT], headers[h.FIRST_FAILURE]) == (
+        b"odd", b"2", str(FAILED_MS).encode())
+
+    # Connect names no group: the copy takes the table's; its original topic does not exist.
+    [skipped] = replay_selection(table.where("system = 'connect'"), bootstrap)
+    assert [(s.source, s.why) for s in skipped.skipped] == [
+        ((letters.dlt, 1, 2), "destination topic 'inventory' does not exist")]
 
 
 def test_the_table_on_spark_connect(connect_spark: Any, bootstrap: str,
-                                    letters: tuple[str, str, str]) -> None:
-    topic, group, _ = letters
-    frame = dead_letters(connect_spark, bootstrap, topic, group)
-    systems = Counter(r["system"] for r in frame.collect())
-    assert systems == {"redrive": 4, "spring": 1, "connect": 1, "streams": 1, None: 2}
+                                    letters: Letters) -> None:
+    table = dead_letters(connect_spark, bootstrap, letters.topic, letters.group)
+    rows = {bytes(r["key"]).decode(): r for r in table.collect()}
+    assert Counter(r["system"] for r in rows.values()) == {
+        "redrive": 5, "spring": 1, "connect": 1, "streams": 1, None: 2}
+    assert (rows["bad2"]["original_offset"], rows["spring"]["original_partition"],
+            stamp_ms(rows["odd"]["first_failure"])) == (12, 2, FAILED_MS)
+    assert rows["broken"]["problem"] is not None
+    [dry] = replay_selection(table.where("error_type = 'app.ParseError'"), bootstrap,
+                             dry_run=True)
+    assert (dry.selected, len(dry.planned)) == (3, 3)
