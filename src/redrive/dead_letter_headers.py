@@ -1,5 +1,6 @@
 """The story of a dead-letter record, whichever system wrote it: redrive, Spring Kafka, Kafka
-Connect or Kafka Streams, each recognised by its own header set.
+Connect, Kafka Streams, a share group's dead-letter queue (KIP-1191) or Karafka, each recognised by
+its own header set; and Spring Kafka's set written beside redrive's, for Java readers.
 
 redrive's headers are read strictly (a malformed one raises MalformedHeader); the other systems'
 sets leniently, since redrive only reads them to show and replay what those systems dead-lettered.
@@ -7,26 +8,40 @@ sets leniently, since redrive only reads them to show and replay what those syst
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from redrive.errors import MalformedHeader
 from redrive.headers import (
     ERROR_MESSAGE,
     ERROR_TRACE,
     ERROR_TYPE,
     REASON,
+    cut,
     last,
     read_delivery,
     text_of,
 )
-from redrive.record import Origin
+from redrive.record import ErrorInfo, Origin
+
+SPRING_ORIGINAL = "kafka_dlt-original-"
+SPRING_EXCEPTION = "kafka_dlt-exception-"
+SPRING_RETRY_ORIGINAL = "kafka_original-"  # Spring's retry topics, before the dead-letter topic
+SPRING_RETRY_EXCEPTION = "kafka_exception-"
+SPRING_ATTEMPTS = "retry_topic-attempts"
+# Spring writes these as big-endian binary numbers: a 4-byte int or an 8-byte long.
+_SPRING_INTS = frozenset(prefix + name for prefix in (SPRING_ORIGINAL, SPRING_RETRY_ORIGINAL)
+                         for name in ("partition", "offset", "timestamp")) | {SPRING_ATTEMPTS}
+SHARE_GROUP = "__dlq.errors."  # KIP-1191: a share group's dead-letter queue, written by the broker
+KARAFKA = "source_"
 
 
 @dataclass(frozen=True)
 class DeadLetterInfo:
     """The story of a dead-letter record, whichever system wrote it."""
 
-    system: str  # "redrive", "spring", "connect", "streams"
+    system: str  # "redrive", "spring", "connect", "streams", "share-group", "karafka"
     original: Origin | None
     error_type: str | None
     error_message: str | None
@@ -66,8 +81,8 @@ def _read_redrive(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None
 
 
 def _read_spring(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
-    for prefix, error_prefix in (("kafka_dlt-original-", "kafka_dlt-exception-"),
-                                 ("kafka_original-", "kafka_exception-")):
+    for prefix, error_prefix in ((SPRING_ORIGINAL, SPRING_EXCEPTION),
+                                 (SPRING_RETRY_ORIGINAL, SPRING_RETRY_EXCEPTION)):
         topic = last(headers, prefix + "topic")
         if topic is None:
             continue
@@ -80,7 +95,7 @@ def _read_spring(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
             "spring", original, _lenient_text(error_type),
             _lenient_text(last(headers, error_prefix + "message")),
             _lenient_text(last(headers, error_prefix + "stacktrace")),
-            _lenient_int(last(headers, "retry_topic-attempts")),
+            _lenient_int(last(headers, SPRING_ATTEMPTS)),
             _lenient_text(last(headers, prefix + "consumer-group")))
     return None
 
@@ -100,17 +115,96 @@ def _read_prefixed(headers: Sequence[tuple[str, bytes]], system: str, prefix: st
         _lenient_text(last(headers, prefix + trace_header)))
 
 
+def _read_share_group(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+    # The broker writes no error type: the consumer only rejected the record, or stopped
+    # acknowledging it until its delivery count ran out.
+    topic = last(headers, SHARE_GROUP + "topic")
+    if topic is None:
+        return None
+    original = _origin(_lenient_text(topic), _lenient_int(last(headers, SHARE_GROUP + "partition")),
+                       _lenient_int(last(headers, SHARE_GROUP + "offset")))
+    return DeadLetterInfo(
+        "share-group", original, None, _lenient_text(last(headers, SHARE_GROUP + "message")),
+        None, _lenient_int(last(headers, SHARE_GROUP + "delivery.count")),
+        _lenient_text(last(headers, SHARE_GROUP + "group")))
+
+
+def _read_karafka(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+    topic = last(headers, KARAFKA + "topic")
+    if topic is None:
+        return None
+    original = _origin(_lenient_text(topic), _lenient_int(last(headers, KARAFKA + "partition")),
+                       _lenient_int(last(headers, KARAFKA + "offset")))
+    return DeadLetterInfo("karafka", original, None, None, None, None,
+                          _lenient_text(last(headers, KARAFKA + "consumer_group")))
+
+
+def _read_connect(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+    return _read_prefixed(headers, "connect", "__connect.errors.", "exception.class.name",
+                          "exception.message", "exception.stacktrace")
+
+
+def _read_streams(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+    return _read_prefixed(headers, "streams", "__streams.errors.", "exception", "message",
+                          "stacktrace")
+
+
+# In order of precedence: a record redrive dead-lettered may carry Spring's set beside its own,
+# and one another system dead-lettered first keeps that system's set when redrive routes it.
+_READERS = (_read_redrive, _read_spring, _read_connect, _read_streams, _read_share_group,
+            _read_karafka)
+
+
 def read_dead_letter(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
     """Where a dead-letter record came from and why, from the first header set that is present.
 
     Raises MalformedHeader only for redrive's own headers; other systems' sets are read leniently.
     """
-    found = _read_redrive(headers) or _read_spring(headers)
-    if found is not None:
-        return found
-    connect = _read_prefixed(headers, "connect", "__connect.errors.", "exception.class.name",
-                             "exception.message", "exception.stacktrace")
-    if connect is not None:
-        return connect
-    return _read_prefixed(headers, "streams", "__streams.errors.", "exception", "message",
-                          "stacktrace")
+    for reader in _READERS:
+        found = reader(headers)
+        if found is not None:
+            return found
+    return None
+
+
+def header_sets(headers: Sequence[tuple[str, bytes]]) -> tuple[str, ...]:
+    """Every system whose dead-letter header set the record carries, in order of precedence."""
+    found = []
+    for reader in _READERS:
+        try:
+            info = reader(headers)
+        except MalformedHeader:
+            info = DeadLetterInfo("redrive", None, None, None, None)
+        if info is not None:
+            found.append(info.system)
+    return tuple(found)
+
+
+def header_text(name: str, value: bytes) -> str:
+    """A header's value for people: Spring's binary numbers as numbers, other bytes as text."""
+    if name in _SPRING_INTS and len(value) in (4, 8):
+        return str(int.from_bytes(value, "big", signed=True))
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("utf-8", errors="backslashreplace")
+
+
+def spring_fields(origin: Origin, error: ErrorInfo, group: str, *, message_limit: int,
+                  trace_limit: int) -> dict[str, bytes | None]:
+    """Spring Kafka's dead-letter headers for a record redrive dead-letters, encoded as Spring's
+    DeadLetterPublishingRecoverer writes them (a None value removes a stale one)."""
+    timestamp = origin.timestamp_ms if origin.timestamp_ms is not None \
+        and origin.timestamp_ms >= 0 else None
+    cause = error.chain[1][0] if len(error.chain) > 1 else None
+    return {
+        SPRING_ORIGINAL + "topic": origin.topic.encode(),
+        SPRING_ORIGINAL + "partition": struct.pack(">i", origin.partition),
+        SPRING_ORIGINAL + "offset": struct.pack(">q", origin.offset),
+        SPRING_ORIGINAL + "timestamp": None if timestamp is None else struct.pack(">q", timestamp),
+        SPRING_ORIGINAL + "consumer-group": group.encode(),
+        SPRING_EXCEPTION + "fqcn": error.type_name.encode(),
+        SPRING_EXCEPTION + "cause-fqcn": None if cause is None else cause.encode(),
+        SPRING_EXCEPTION + "message": cut(error.message, message_limit).encode(),
+        SPRING_EXCEPTION + "stacktrace": cut(error.trace, trace_limit).encode(),
+    }

@@ -174,15 +174,19 @@ def cut(text: str, limit: int) -> str:
 
 
 def replace(headers: Sequence[tuple[str, bytes]],
-            updates: Mapping[str, str | int | None]) -> Headers:
-    """Drop every redrive header named in `updates`, then append the new values.
+            updates: Mapping[str, str | int | bytes | None]) -> Headers:
+    """Drop every header named in `updates`, then append the new values.
 
     Other headers, redrive's own not named, and any bytes they carry, are kept as they were and in
-    their order; a None value removes the header.
+    their order; a None value removes the header, bytes are written as they are.
     """
     kept: Headers = [(name, value) for name, value in headers if name not in updates]
     for name, value in updates.items():
-        if value is not None:
+        if value is None:
+            continue
+        if type(value) is bytes:
+            kept.append((name, value))
+        else:
             kept.append((name, (value if type(value) is str else str(value)).encode()))
     return kept
 

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from redrive import headers as h
 from redrive import topics
+from redrive.dead_letter_headers import spring_fields
 from redrive.errors import MalformedHeader
 from redrive.headers import Headers
-from redrive.policy import Disposition, RetryPolicy
+from redrive.policy import Disposition, HeaderFormat, RetryPolicy
 from redrive.record import Delivery, ErrorInfo, Origin, Record
 
 
@@ -74,21 +75,36 @@ def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy,
                          trace_limit=policy.max_error_trace_bytes),
     }
 
+    dead = None
     if policy.disposition(info) is Disposition.DEAD_LETTER:
-        return _dead(plan, record, common, "not-retryable", attempt, origin)
-    if attempt >= policy.max_attempts:
-        return _dead(plan, record, common, "exhausted", attempt, origin)
-    due = now_ms + policy.backoff.delay_ms(attempt)
-    deadline = policy.max_retry_period_ms
-    if deadline is not None and due > first_failure + deadline:
-        return _dead(plan, record, common, "deadline", attempt, origin)
+        dead = "not-retryable"
+    elif attempt >= policy.max_attempts:
+        dead = "exhausted"
+    else:
+        due = now_ms + policy.backoff.delay_ms(attempt)
+        deadline = policy.max_retry_period_ms
+        if deadline is not None and due > first_failure + deadline:
+            dead = "deadline"
+    if dead is not None:
+        return _dead(plan, record, {**common, **_foreign(policy, origin, info, group)}, dead,
+                     attempt, origin)
     retry_topic = plan.retry_topic_for(attempt)
     updates = {**common, h.DUE: due, h.REASON: None}
     return Retry(retry_topic.name, due, h.replace(record.headers, updates), attempt,
                  origin.partition)
 
 
-def _dead(plan: topics.TopicPlan, record: Record, common: dict[str, str | int | None],
+def _foreign(policy: RetryPolicy, origin: Origin, info: ErrorInfo,
+             group: str) -> dict[str, bytes | None]:
+    """The other systems' dead-letter headers the policy asks for besides redrive's."""
+    if policy.dead_letter_format is HeaderFormat.SPRING:
+        return spring_fields(origin, info, group, message_limit=policy.max_error_message_bytes,
+                             trace_limit=policy.max_error_trace_bytes)
+    return {}
+
+
+def _dead(plan: topics.TopicPlan, record: Record,
+          common: dict[str, str | int | bytes | None],
           reason: str, attempt: int, origin: Origin) -> DeadLetter:
     # A dead letter carries no due time, so that readers of the dead-letter topic never wait.
     updates = {**common, h.REASON: reason, h.DUE: None}
@@ -111,7 +127,7 @@ def _malformed(record: Record, info: ErrorInfo, policy: RetryPolicy, now_ms: int
             kept.append((name, value))
     origin = Origin(record.topic, record.partition, record.offset, record.timestamp_ms)
     plan = topics.plan(policy, _source_topic(record, group), group)
-    updates: dict[str, str | int | None] = {
+    updates: dict[str, str | int | bytes | None] = {
         h.ATTEMPT: 1,
         h.GROUP: group,
         h.FIRST_FAILURE: now_ms,
@@ -119,6 +135,7 @@ def _malformed(record: Record, info: ErrorInfo, policy: RetryPolicy, now_ms: int
         **h.error_fields(info, message_limit=policy.max_error_message_bytes,
                          trace_limit=policy.max_error_trace_bytes),
         h.REASON: "malformed",
+        **_foreign(policy, origin, info, group),
     }
     return DeadLetter(plan.dead_letter, h.replace(kept, updates), "malformed", 1,
                       record.partition)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 from redrive import headers as h
-from redrive.dead_letter_headers import read_dead_letter
+from redrive.dead_letter_headers import header_sets, header_text, read_dead_letter
 from redrive.record import Origin
 
 
@@ -85,3 +85,53 @@ def test_reads_kafka_streams_headers() -> None:
 
 def test_plain_record_has_no_dead_letter_story() -> None:
     assert read_dead_letter([("traceparent", b"x")]) is None
+
+
+def test_reads_a_share_groups_dead_letter_queue_headers() -> None:
+    pairs = [
+        ("__dlq.errors.topic", b"orders"),
+        ("__dlq.errors.partition", b"3"),
+        ("__dlq.errors.offset", b"5120"),
+        ("__dlq.errors.group", b"fulfilment"),
+        ("__dlq.errors.delivery.count", b"5"),
+        ("__dlq.errors.message", b"delivery count exhausted"),
+    ]
+    info = read_dead_letter(pairs)
+    assert info is not None and info.system == "share-group"
+    assert info.original == Origin("orders", 3, 5120, None)
+    assert (info.group, info.attempts, info.error_message, info.error_type) == \
+        ("fulfilment", 5, "delivery count exhausted", None)
+
+
+def test_reads_karafkas_dead_letter_headers() -> None:
+    pairs = [
+        ("source_topic", b"payments"),
+        ("source_partition", b"0"),
+        ("source_offset", b"88"),
+        ("source_consumer_group", b"ledger"),
+    ]
+    info = read_dead_letter(pairs)
+    assert info is not None and info.system == "karafka"
+    assert (info.original, info.group) == (Origin("payments", 0, 88, None), "ledger")
+
+
+def test_a_record_with_several_sets_is_read_by_the_first_and_lists_them_all() -> None:
+    pairs = h.replace([("source_topic", b"payments")], {
+        h.REASON: "exhausted", h.ERROR_TYPE: "ValueError",
+        **h.origin_fields(Origin("orders", 1, 7, 99))})
+    pairs.append(("kafka_dlt-original-topic", b"orders"))
+    info = read_dead_letter(pairs)
+    assert info is not None and info.system == "redrive"
+    assert header_sets(pairs) == ("redrive", "spring", "karafka")
+    assert header_sets([(h.REASON, b"exhausted"), (h.ATTEMPT, b"x")]) == ("redrive",)  # unreadable
+    assert header_sets([("traceparent", b"x")]) == ()
+
+
+def test_springs_binary_numbers_are_shown_as_numbers() -> None:
+    assert header_text("kafka_dlt-original-offset", struct.pack(">q", 12345)) == "12345"
+    assert header_text("kafka_dlt-original-partition", struct.pack(">i", 2)) == "2"
+    assert header_text("retry_topic-attempts", struct.pack(">i", 3)) == "3"
+    # a text value of another length, or another header, is shown as text
+    assert header_text("kafka_dlt-original-offset", b"12") == "12"
+    assert header_text("redrive-attempt", b"\x00\x00\x00\x03") == "\x00\x00\x00\x03"
+    assert header_text("x", b"\xff") == "\\xff"

@@ -1,9 +1,12 @@
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from redrive import headers as h
-from redrive.errors import MalformedHeader
+from redrive.dead_letter_headers import read_dead_letter
+from redrive.errors import InvalidPolicy, MalformedHeader
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import ErrorInfo, Origin, Record
 from redrive.routing import DeadLetter, Retry, route
@@ -133,3 +136,88 @@ def test_a_retry_is_never_due_before_its_delay(attempts_before: int, elapsed: in
         assert decision.due_ms >= now + policy.backoff.nominal_ms(attempts_before + 1) * 0.5 - 1
         assert decision.due_ms > now
         assert h.read_due(decision.headers) == decision.due_ms
+
+
+SPRING = RetryPolicy(backoff=Backoff.fixed("1s"), attempts=2, header_format="spring")
+
+
+def spring_number(headers: list[tuple[str, bytes]], name: str, fmt: str) -> int:
+    raw = h.last(headers, name)
+    assert raw is not None and len(raw) == struct.calcsize(fmt), (name, raw)
+    number: int = struct.unpack(fmt, raw)[0]
+    return number
+
+
+def test_spring_format_writes_springs_dead_letter_headers_beside_redrives() -> None:
+    def fail() -> None:
+        try:
+            raise KeyError("sku")
+        except KeyError as cause:
+            raise LookupError("no price for sku-7") from cause
+
+    record = fresh()
+    retry = route(record, TimeoutError("slow"), SPRING, NOW, group="billing")
+    assert isinstance(retry, Retry)
+    assert h.last(retry.headers, "kafka_dlt-original-topic") is None  # only dead letters
+    again = follow(record, retry, retry.topic, 3)
+    try:
+        fail()
+    except LookupError as error:
+        dead = route(again, error, SPRING, NOW + 2_000, group="billing")
+    assert isinstance(dead, DeadLetter) and dead.reason == "exhausted"
+    headers = dead.headers
+    assert h.last(headers, "kafka_dlt-original-topic") == b"orders"
+    assert spring_number(headers, "kafka_dlt-original-partition", ">i") == 2
+    assert spring_number(headers, "kafka_dlt-original-offset", ">q") == 41
+    assert spring_number(headers, "kafka_dlt-original-timestamp", ">q") == NOW - 5_000
+    assert h.last(headers, "kafka_dlt-original-consumer-group") == b"billing"
+    assert h.last(headers, "kafka_dlt-exception-fqcn") == b"LookupError"
+    assert h.last(headers, "kafka_dlt-exception-cause-fqcn") == b"KeyError"
+    assert h.last(headers, "kafka_dlt-exception-message") == b"no price for sku-7"
+    assert b"LookupError: no price for sku-7" in (h.last(headers, "kafka_dlt-exception-stacktrace")
+                                                  or b"")
+    # redrive's own story is all there, and read first
+    assert h.last(headers, h.REASON) == b"exhausted"
+    assert h.read_delivery(headers).original == Origin("orders", 2, 41, NOW - 5_000)
+    # Spring's set alone tells the same story
+    spring_only = [(name, value) for name, value in headers if not name.startswith(h.PREFIX)]
+    info = read_dead_letter(spring_only)
+    assert info is not None and info.system == "spring"
+    assert (info.original, info.group, info.error_type) == \
+        (Origin("orders", 2, 41, NOW - 5_000), "billing", "LookupError")
+
+
+def test_spring_headers_of_an_earlier_dead_letter_are_replaced_not_repeated() -> None:
+    first = route(fresh(), ValueError("bad"), RetryPolicy(not_retryable=ValueError,
+                                                          header_format="spring"),
+                  NOW, group="billing")
+    replayed = Record("orders", 0, 99, NOW, b"key", b"value", first.headers)
+    again = route(replayed, ValueError("worse"), RetryPolicy(not_retryable=ValueError,
+                                                             header_format="spring"),
+                  NOW, group="billing")
+    names = [name for name, _ in again.headers]
+    assert names.count("kafka_dlt-exception-message") == 1
+    assert h.last(again.headers, "kafka_dlt-exception-message") == b"worse"
+    # the replayed copy still names the original record, as redrive's own headers do
+    assert spring_number(again.headers, "kafka_dlt-original-offset", ">q") == 41
+
+
+def test_spring_format_on_a_malformed_record() -> None:
+    record = fresh([(h.ATTEMPT, b"two")])
+    dead = route(record, RuntimeError("x"), SPRING, NOW, group="billing")
+    assert isinstance(dead, DeadLetter) and dead.reason == "malformed"
+    assert spring_number(dead.headers, "kafka_dlt-original-offset", ">q") == 41
+    assert h.last(dead.headers, "kafka_dlt-exception-fqcn") == b"redrive.errors.MalformedHeader"
+
+
+def test_redrive_format_writes_no_spring_headers() -> None:
+    dead = route(fresh(), ValueError("bad"), POLICY, NOW, group="billing")
+    assert not [name for name, _ in dead.headers if name.startswith("kafka_")]
+
+
+@pytest.mark.parametrize("value", ["java", "", None, 3])
+def test_unknown_header_format_is_refused_naming_it(value: object) -> None:
+    with pytest.raises(InvalidPolicy, match=r"header_format.*expected one of \['redrive', "
+                                            r"'spring'\]") as caught:
+        RetryPolicy(header_format=value)  # type: ignore[arg-type]
+    assert repr(value) in str(caught.value)

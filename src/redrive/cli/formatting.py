@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from tabulate import tabulate
 
+from redrive.dead_letter_headers import header_sets, header_text
 from redrive.ops.deadletters import DeadLetterRecord, text
 
 PREVIEW_CHARS = 40
@@ -99,7 +100,7 @@ def detail(letter: DeadLetterRecord, at_ms: int) -> str:
     if info is not None:
         origin = info.original
         lines += [
-            f"written by: {info.system}",
+            f"written by: {' + '.join(header_sets(record.headers))}",
             f"reason:     {info.reason or '-'}",
             f"group:      {info.group or '-'}",
             f"attempts:   {'-' if info.attempts is None else info.attempts}",
@@ -121,7 +122,7 @@ def detail(letter: DeadLetterRecord, at_ms: int) -> str:
 
 
 def _header_text(name: str, value: bytes) -> str:
-    shown = text(value) or ""
+    shown = header_text(name, value)
     if "stacktrace" in name or name.endswith("trace"):
         first = shown.splitlines()[0] if shown else ""
         return f"{first} … (trace below)" if "\n" in shown else shown

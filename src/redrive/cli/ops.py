@@ -89,7 +89,8 @@ def _filter(reasons: Sequence[str], error_types: Sequence[str], since: str | Non
 
 @click.group("dlt")
 def dlt() -> None:
-    """Inspect and replay dead-letter records (redrive's, Spring's, Connect's, Streams')."""
+    """Inspect and replay dead-letter records (redrive's, Spring's, Connect's, Streams', share
+    groups', Karafka's)."""
 
 
 @dlt.command("ls")

@@ -1,8 +1,9 @@
 """Reading dead-letter topics: decode each record's story, and select records by what they say.
 
-A dead-letter topic may hold records written by redrive, Spring Kafka, Kafka Connect or Kafka
-Streams (`redrive.dead_letter_headers` tells them apart). A record whose redrive headers cannot be
-parsed is still listed, flagged with what is wrong, so that one bad record never hides the rest.
+A dead-letter topic may hold records written by redrive, Spring Kafka, Kafka Connect, Kafka
+Streams, a share group (KIP-1191) or Karafka (`redrive.dead_letter_headers` tells them apart). A
+record whose redrive headers cannot be parsed is still listed, flagged with what is wrong, so that
+one bad record never hides the rest.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from typing import Any
 from redrive import headers as h
 from redrive import kafka, topics
 from redrive.clock import now_ms
-from redrive.dead_letter_headers import DeadLetterInfo, read_dead_letter
+from redrive.dead_letter_headers import (
+    DeadLetterInfo,
+    header_sets,
+    header_text,
+    read_dead_letter,
+)
 from redrive.errors import InvalidArgument, MalformedHeader, UnknownTopic
 from redrive.kafka.ranges import read_topic
 from redrive.kafka.records import consumed
@@ -79,7 +85,8 @@ class DeadLetterRecord:
         }
         if full:
             out["value"] = text(record.value)
-            out["headers"] = [[name, text(value)] for name, value in record.headers]
+            out["headers"] = [[name, header_text(name, value)] for name, value in record.headers]
+            out["header_sets"] = list(header_sets(record.headers))
             out["error_trace"] = info.error_trace if info else None
         return out
 

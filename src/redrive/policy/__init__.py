@@ -31,8 +31,8 @@ from redrive.record import ErrorInfo
 
 __all__ = [
     "Backoff", "Custom", "Disposition", "Duration", "ErrorMatcher", "Explicit", "Exponential",
-    "Fixed", "InPlace", "Naming", "RetryPolicy", "error_type", "format_ms", "message_matches",
-    "predicate", "to_ms",
+    "Fixed", "HeaderFormat", "InPlace", "Naming", "RetryPolicy", "error_type", "format_ms",
+    "message_matches", "predicate", "to_ms",
 ]
 
 DEFAULT_ATTEMPTS = 3
@@ -44,6 +44,15 @@ class Disposition(enum.Enum):
     RETRY = "retry"  # non-blocking, through a retry topic
     IN_PLACE = "in-place"  # blocking first, on the same partition, then as RETRY
     DEAD_LETTER = "dead-letter"  # not retryable: straight to the dead-letter topic
+
+
+class HeaderFormat(enum.Enum):
+    """Which dead-letter headers a dead letter carries; redrive's own are always written."""
+
+    REDRIVE = "redrive"
+    # Spring Kafka's kafka_dlt-* set besides, binary numbers as Spring encodes them, so that a
+    # Java consumer of the dead-letter topic reads it with Spring's own classes.
+    SPRING = "spring"
 
 
 class Naming(enum.Enum):
@@ -100,6 +109,7 @@ class RetryPolicy:
     naming: Naming | str = Naming.PER_DELAY
     max_error_message_bytes: int = 1024
     max_error_trace_bytes: int = 8192
+    header_format: HeaderFormat | str = HeaderFormat.REDRIVE
 
     def __post_init__(self) -> None:
         if not isinstance(self.backoff, Backoff):
@@ -121,6 +131,11 @@ class RetryPolicy:
         except ValueError as exc:
             raise InvalidPolicy("naming", self.naming,
                                 f"expected one of {[n.value for n in Naming]}") from exc
+        try:
+            object.__setattr__(self, "header_format", HeaderFormat(self.header_format))
+        except ValueError as exc:
+            raise InvalidPolicy("header_format", self.header_format,
+                                f"expected one of {[f.value for f in HeaderFormat]}") from exc
         if not isinstance(self.dead_letter, bool):
             raise InvalidPolicy("dead_letter", self.dead_letter, "must be True or False")
         for name in ("max_error_message_bytes", "max_error_trace_bytes"):
@@ -170,6 +185,11 @@ class RetryPolicy:
     def max_retry_period_ms(self) -> int | None:
         assert self.max_retry_period is None or isinstance(self.max_retry_period, int)
         return self.max_retry_period
+
+    @property
+    def dead_letter_format(self) -> HeaderFormat:
+        assert isinstance(self.header_format, HeaderFormat)
+        return self.header_format
 
     @property
     def topic_naming(self) -> Naming:

@@ -2,8 +2,9 @@
 
 `dead_letters(spark, connection, topic, group)` reads the topic with the redrive-kafka batch
 source and decodes each record's story on the executors with the one reader of dead-letter
-headers (`redrive.dead_letter_headers`), so Spring Kafka's, Kafka Connect's and Kafka Streams'
-dead letters get the same columns as redrive's. A record whose redrive headers cannot be read
+headers (`redrive.dead_letter_headers`), so the dead letters of the other systems it knows
+(Spring Kafka, Kafka Connect, Kafka Streams, share groups, Karafka) get the same columns as
+redrive's. A record whose redrive headers cannot be read
 keeps its Kafka columns and says why in `problem`. Each action reads the topic as it is then.
 
 Replaying a selection of the table is an on-call tool, so it lives in `redrive.ops.selection`:

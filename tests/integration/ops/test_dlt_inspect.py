@@ -1,14 +1,18 @@
-"""`redrive dlt ls|show` on records dead-lettered by the consumer runtime and on hand-made
-Spring Kafka, Kafka Connect and Kafka Streams dead-letter records; bad input."""
+"""`redrive dlt ls|show` on records dead-lettered by the consumer runtime (with and without
+Spring Kafka's header set beside redrive's) and on hand-made Spring Kafka, Kafka Connect, Kafka
+Streams, share-group (KIP-1191) and Karafka dead-letter records; bad input."""
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable
 
 from redrive import headers as h
 from redrive.consumer import RetryingConsumer
 from redrive.dev.ports import free_port
+from redrive.headers import normalize
+from redrive.kafka.ranges import read_topic
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 
@@ -90,6 +94,52 @@ def test_ls_and_show_what_the_consumer_dead_lettered(
     assert "Traceback" in full["error_trace"]
 
 
+def test_spring_header_format_writes_springs_set_beside_redrives(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
+    topic, group = new_topic(partitions=1), unique_name("spring-format")
+    policy = RetryPolicy(backoff=Backoff.fixed("100ms"), attempts=2, not_retryable=Permanent,
+                         header_format="spring")
+
+    def handler(record: Record) -> None:
+        if record.value == b"flaky":
+            raise Transient(f"try {record.delivery.attempt}")
+        if record.value == b"bad":
+            raise Permanent("cannot parse")
+
+    produce_records(bootstrap, topic, [(b"k-ok", b"ok", []), (b"k-flaky", b"flaky", []),
+                                       (b"k-bad", b"bad", [])])
+    run = running(RetryingConsumer(bootstrap, topic, group, policy, handler, config=FAST_GROUP))
+    wait_until(lambda: run.total("redrive_dead_lettered_total") == 2, 30, "2 dead letters")
+    run.stop()
+    sizes = topic_sizes(bootstrap, f"{topic}.{group}.dlt", f"{topic}.{group}.retry.100ms")
+    assert sizes == {f"{topic}.{group}.dlt": 2, f"{topic}.{group}.retry.100ms": 1}
+
+    dead = {message.key(): normalize(message.headers())
+            for message in read_topic(bootstrap, f"{topic}.{group}.dlt", 1, idle_s=10)}
+    assert set(dead) == {b"k-flaky", b"k-bad"}
+    for key, offset, reason in ((b"k-flaky", 1, b"exhausted"), (b"k-bad", 2, b"not-retryable")):
+        headers = dead[key]
+        assert h.last(headers, h.REASON) == reason
+        assert h.last(headers, "kafka_dlt-original-topic") == topic.encode()
+        assert struct.unpack(">i", h.last(headers, "kafka_dlt-original-partition") or b"") == (0,)
+        assert struct.unpack(">q", h.last(headers, "kafka_dlt-original-offset") or b"") == \
+            (offset,)
+        assert len(h.last(headers, "kafka_dlt-original-timestamp") or b"") == 8
+        assert h.last(headers, "kafka_dlt-original-consumer-group") == group.encode()
+    assert (h.last(dead[b"k-bad"], "kafka_dlt-exception-fqcn") or b"").endswith(b"Permanent")
+    assert h.last(dead[b"k-bad"], "kafka_dlt-exception-message") == b"cannot parse"
+    assert h.last(dead[b"k-flaky"], "kafka_dlt-exception-message") == b"try 1"
+
+    # k-bad was dead-lettered at once, k-flaky only after its retry: k-bad is 0:0
+    shown = run_cli("dlt", "show", "-b", bootstrap, "--topic", topic, "--group", group, "0:0")
+    assert shown.exit_code == 0, shown.output
+    assert "written by: redrive + spring" in shown.stdout
+    assert "kafka_dlt-original-offset: 2\n" in shown.stdout
+    full = run_json("dlt", "show", "-b", bootstrap, "--topic", topic, "--group", group, "0:0")
+    assert full["header_sets"] == ["redrive", "spring"] and full["reason"] == "not-retryable"
+    assert ["kafka_dlt-original-partition", "0"] in full["headers"]
+
+
 def spring_headers(topic: str) -> list[tuple[str, bytes]]:
     return [("kafka_dlt-original-topic", topic.encode()),
             ("kafka_dlt-original-partition", (0).to_bytes(4, "big")),
@@ -120,6 +170,18 @@ def streams_headers(topic: str) -> list[tuple[str, bytes]]:
             ("__streams.errors.stacktrace", b"SerializationException\n\tat Deserializer")]
 
 
+def share_group_headers(topic: str) -> list[tuple[str, bytes]]:
+    return [("__dlq.errors.topic", topic.encode()), ("__dlq.errors.partition", b"0"),
+            ("__dlq.errors.offset", b"20"), ("__dlq.errors.group", b"share-app"),
+            ("__dlq.errors.delivery.count", b"5"),
+            ("__dlq.errors.message", b"delivery attempts exhausted")]
+
+
+def karafka_headers(topic: str) -> list[tuple[str, bytes]]:
+    return [("source_topic", topic.encode()), ("source_partition", b"0"),
+            ("source_offset", b"21"), ("source_consumer_group", b"karafka-app")]
+
+
 def test_ls_and_show_spring_connect_streams_and_an_unreadable_record(
         bootstrap: str, new_topic: NewTopic) -> None:
     dlt = new_topic()
@@ -129,13 +191,18 @@ def test_ls_and_show_spring_connect_streams_and_an_unreadable_record(
         (b"t", b"from streams", streams_headers("orders")),
         (b"u", b"unreadable", [(h.REASON, b"exhausted"), (h.ORIGINAL_OFFSET, b"minus one")]),
         (b"n", b"no story", [("other", b"1")]),
+        (b"q", b"from a share group", share_group_headers("orders")),
+        (b"k", b"from karafka", karafka_headers("orders")),
     ])
     listed = {item["key"]: item for item in run_json("dlt", "ls", "-b", bootstrap,
                                                       "--dlt-topic", dlt)}
     assert {k: v["system"] for k, v in listed.items()} == {
-        "s": "spring", "c": "connect", "t": "streams", "u": None, "n": None}
-    assert [listed[k]["original"]["offset"] for k in "sct"] == [17, 18, 19]
-    assert {listed[k]["original"]["topic"] for k in "sct"} == {"orders"}
+        "s": "spring", "c": "connect", "t": "streams", "u": None, "n": None,
+        "q": "share-group", "k": "karafka"}
+    assert [listed[k]["original"]["offset"] for k in "sctqk"] == [17, 18, 19, 20, 21]
+    assert {listed[k]["original"]["topic"] for k in "sctqk"} == {"orders"}
+    assert (listed["q"]["group"], listed["q"]["attempts"]) == ("share-app", 5)
+    assert listed["k"]["group"] == "karafka-app"
     assert listed["s"]["group"] == "spring-app"
     assert listed["s"]["original"]["timestamp_ms"] == 1_700_000_000_000
     assert listed["c"]["error_type"] == "org.apache.kafka.connect.errors.DataException"
@@ -155,6 +222,9 @@ def test_ls_and_show_spring_connect_streams_and_an_unreadable_record(
     assert spring.exit_code == 0
     assert "written by: spring" in spring.stdout
     assert "at com.shop.Billing.listen(Billing.java:42)" in spring.stdout
+    assert "kafka_dlt-original-offset: 17\n" in spring.stdout  # Spring's binary long, decoded
+    share = run_cli("dlt", "show", "-b", bootstrap, "--dlt-topic", dlt, "0:5")
+    assert "written by: share-group" in share.stdout and "attempts:   5" in share.stdout
     unreadable = run_cli("dlt", "show", "-b", bootstrap, "--dlt-topic", dlt, "0:3")
     assert unreadable.exit_code == 0
     assert "UNREADABLE: malformed header redrive-original-offset" in unreadable.stdout
