@@ -50,6 +50,7 @@ class BrokerUnavailable(RedriveError):
 class UnknownTopic(RedriveError):
     """A topic that an operation needs does not exist."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, needed_as: str | None = None) -> None:
         self.topic = topic
-        super().__init__(f"unknown topic {topic!r}: it does not exist on the cluster")
+        super().__init__(f"unknown topic {topic!r}: it does not exist on the cluster"
+                         + (f" ({needed_as})" if needed_as else ""))

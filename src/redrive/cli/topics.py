@@ -7,8 +7,11 @@ from typing import Any
 import click
 
 from redrive import kafka, topics
+from redrive.backends.delay_queue import own_topics
 from redrive.cli.formatting import table
 from redrive.cli.options import bootstrap_option, policy_from_options, policy_options, with_options
+from redrive.delay.tiers import DEFAULT_PREFIX, Tiers
+from redrive.policy import format_ms
 
 _topic_and_group = with_options([
     click.option("--topic", required=True, help="The main topic the group consumes."),
@@ -34,17 +37,40 @@ def _plan_rows(plan: topics.TopicPlan, spark: bool) -> list[list[object]]:
     return rows
 
 
+def _delay_queue_rows(plan: topics.TopicPlan, tiers: Tiers, spark: bool) -> list[list[object]]:
+    rows: list[list[object]] = [[plan.topic, "main", "",
+                                 f"first delivery, and {plan.group}'s retries when due"]]
+    rows += [[tier.topic, "delay tier (shared)", format_ms(tier.delay_ms),
+              "every group's waiting retries"] for tier in tiers.tiers]
+    rows.append([tiers.dead_letter, "delay dead-letter (shared)", "",
+                 "copies whose target cannot be read"])
+    return rows + _plan_rows(own_topics(plan), spark)[1:]
+
+
 @topics_group.command("plan")
 @_topic_and_group
 @policy_options
 @click.option("--spark", is_flag=True,
               help="The group is a RetryPipeline: show its batch ledger topic too.")
-def topics_plan(topic: str, group: str, spark: bool, **policy_args: Any) -> None:
+@click.option("--delay-queue", "delay_tiers", default=None, metavar="TIERS",
+              help="The group retries through the delay service's tiers (retry_backend="
+                   "DelayQueue), such as 1s,10s,1m,10m,1h: no retry topics of its own.")
+@click.option("--delay-prefix", default=DEFAULT_PREFIX, show_default=True,
+              help="The delay service's topic prefix, with --delay-queue.")
+def topics_plan(topic: str, group: str, spark: bool, delay_tiers: str | None,
+                delay_prefix: str, **policy_args: Any) -> None:
     """Print the topics a policy needs, with each retry topic's delay and the attempts it serves."""
     policy = policy_from_options(**policy_args)
     plan = topics.plan(policy, topic, group)
-    click.echo(table(["topic", "role", "delay", "serves"], _plan_rows(plan, spark)))
+    if delay_tiers is None:
+        rows = _plan_rows(plan, spark)
+    else:
+        rows = _delay_queue_rows(plan, Tiers.parse(delay_tiers, delay_prefix), spark)
+    click.echo(table(["topic", "role", "delay", "serves"], rows))
     click.echo(f"\npolicy: {policy.describe()}")
+    if delay_tiers is not None:
+        delays = ", ".join(format_ms(ms) for ms in policy.retry_delays_ms())
+        click.echo(f"retries wait {delays} in the tiers, then return to {topic}")
 
 
 @topics_group.command("create")

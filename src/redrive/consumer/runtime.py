@@ -107,7 +107,8 @@ class RetryingConsumer:
     batch_size / poll_timeout_s: records per poll and the longest wait of one poll; a poll never
         waits past the time the next held partition is due.
     retry_backend: where failed records wait for their retry: the group's retry topics
-        (RetryTopics, the default) or a database (redrive.store.StoreBackend).
+        (RetryTopics, the default), the delay service's shared tiers (DelayQueue) or a database
+        (redrive.store.StoreBackend).
 
     run() handles records until stop() or SIGTERM/SIGINT (when run from the main thread), then
     commits what it finished and closes the consumer, so the group rebalances at once.
@@ -134,7 +135,8 @@ class RetryingConsumer:
             check_int("metrics_port", metrics_port, 0, 65535)
         if retry_backend is not None:
             check_instance("retry_backend", retry_backend, RetryBackend,
-                           "a RetryBackend (RetryTopics() or StoreBackend(...))")
+                           "a RetryBackend (RetryTopics(), DelayQueue(...) or "
+                           "StoreBackend(...))")
         self.retry_backend = retry_backend if retry_backend is not None else RetryTopics()
         self._backend = self.retry_backend.bind(self.group)
         if transactional and not self._backend.transactions_supported:

@@ -35,7 +35,8 @@ class Subscription:
         self.plans = topics.plans(policy, self.main_topics, self.group)
         if retry_backend is not None and not isinstance(retry_backend, RetryBackend):
             raise InvalidArgument("retry_backend", retry_backend,
-                                  "must be a RetryBackend (RetryTopics() or a StoreBackend)")
+                                  "must be a RetryBackend (RetryTopics(), DelayQueue(...) "
+                                  "or a StoreBackend)")
         self.retry_backend = retry_backend if retry_backend is not None else RetryTopics()
         self.backend: BoundBackend = self.retry_backend.bind(self.group)
         if self.backend.sequential:

@@ -49,6 +49,7 @@ STATUS_COLUMNS = [
 ]
 ROUTED_SCHEMA = pa.schema([
     ("topic", pa.string()),
+    ("source_topic", pa.string()),  # the topic the failed record was read from
     ("key", pa.binary()),
     ("value", pa.binary()),
     ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
@@ -327,6 +328,7 @@ def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, gro
                 decision, kind, reason, partition = _routed(record, error, policy, group,
                                                             partitions, now)
                 out["topic"].append(decision.topic)
+                out["source_topic"].append(record.topic)
                 out["key"].append(record.key)
                 out["value"].append(record.value)
                 out["headers"].append([{"key": k, "value": v} for k, v in decision.headers])

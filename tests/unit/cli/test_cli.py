@@ -107,3 +107,23 @@ def test_replay_to_the_original_takes_no_policy() -> None:
     assert result.exit_code == 2
     assert "--to original takes no --to-topic, --backoff, --exponential or --attempts" \
         in result.stderr
+
+
+def test_topics_plan_through_the_delay_queue_has_no_retry_topics() -> None:
+    args = ["topics", "plan", "--topic", "orders", "--group", "billing",
+            "--backoff", "5m,5m,30m,1h", "--delay-queue", "1s,1m,10m,1h", "--delay-prefix", "dq"]
+    result = CliRunner().invoke(cli, args)
+    rows = plan_rows(result)
+    assert list(rows) == ["orders", "dq.1s", "dq.1m", "dq.10m", "dq.1h", "dq.dlt",
+                          "orders.billing.dlt"]
+    assert rows["dq.10m"][:4] == ["delay", "tier", "(shared)", "10m"]
+    assert "retries wait 5m, 5m, 30m, 1h in the tiers, then return to orders" in result.output
+    # the same group with its own retry topics, for contrast
+    assert "orders.billing.retry.5m" in plan_rows(CliRunner().invoke(cli, args[:8]))
+
+
+def test_topics_plan_with_bad_delay_tiers_names_them() -> None:
+    result = CliRunner().invoke(cli, ["topics", "plan", "--topic", "orders", "--group", "b",
+                                      "--delay-queue", "1s,,1m"])
+    assert result.exit_code != 0 and "tiers='1s,,1m'" in result.output
+    assert "Traceback" not in result.output

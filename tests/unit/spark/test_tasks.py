@@ -113,6 +113,7 @@ def test_retryable_failure_gets_first_retry_topic_and_due_time() -> None:
                                       group="g", partitions={}))
     out = routed.to_pylist()[0]
     assert (out["topic"], out["kind"], out["attempt"]) == ("orders.g.retry.1s", "retry", 1)
+    assert out["source_topic"] == rows[0]["topic"]
     assert out["partition"] is None  # topic partition count unknown: the key decides
     pairs = [(p["key"], p["value"]) for p in out["headers"]]
     due = h.read_due(pairs)
