@@ -255,7 +255,7 @@ class BatchBody:
         for row in routed:
             pairs = [(pair["key"], bytes(pair["value"])) for pair in row["headers"]]
             decision = _decision(row, pairs)
-            record = Record(row["topic"] or "", -1, -1, -1, tasks.optional_bytes(row["key"]),
+            record = Record(row["source_topic"], -1, -1, -1, tasks.optional_bytes(row["key"]),
                             tasks.optional_bytes(row["value"]), pairs, h.read_delivery(pairs))
             copy = self.backend.failed(record, decision, self.partitions)
             if copy is not None:
