@@ -129,6 +129,12 @@ class Metrics:
                                    self._labels(), _HANDLER_BUCKETS, self.registry)
         self._paused = Gauge("redrive_paused_partitions", "Partitions paused until a record is due",
                              base, registry=self.registry)
+        self._braked = Gauge("redrive_braked_partitions",
+                             "Partitions stopped by the dead-letter brake until resumed", base,
+                             registry=self.registry)
+        self._brake_trips = Counter("redrive_brake_trips",
+                                    "Times the dead-letter brake stopped a partition",
+                                    [*base, "topic"], registry=self.registry)
         self._oldest = Gauge("redrive_oldest_pending_retry_seconds",
                              "Age of the oldest retry waiting to become due", base,
                              registry=self.registry)
@@ -187,6 +193,12 @@ class Metrics:
 
     def paused_partitions(self, count: int) -> None:
         self._child(self._paused).set(count)
+
+    def braked_partitions(self, count: int) -> None:
+        self._child(self._braked).set(count)
+
+    def brake_tripped(self, topic: str) -> None:
+        self._child(self._brake_trips, topic).inc()
 
     def oldest_pending_retry(self, seconds: float) -> None:
         self._child(self._oldest).set(seconds)

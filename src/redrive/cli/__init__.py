@@ -9,7 +9,7 @@ import click
 
 from redrive.cli.delay import delay_command
 from redrive.cli.dev import dev_broker
-from redrive.cli.ops import dlt, stats_command
+from redrive.cli.ops import dlt, resume_command, stats_command
 from redrive.cli.store import store_command
 from redrive.cli.topics import topics_group
 from redrive.errors import RedriveError
@@ -32,7 +32,8 @@ def cli() -> None:
     """Non-blocking retries, delay queues and dead-letter topics for Kafka."""
 
 
-for command in (topics_group, delay_command, dlt, stats_command, store_command, dev_broker):
+for command in (topics_group, delay_command, dlt, stats_command, resume_command, store_command,
+                dev_broker):
     cli.add_command(command)
 
 

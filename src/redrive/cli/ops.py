@@ -1,4 +1,4 @@
-"""The on-call commands: `redrive dlt ls|show|replay` and `redrive stats`."""
+"""The on-call commands: `redrive dlt ls|show|replay`, `redrive stats` and `redrive resume`."""
 
 from __future__ import annotations
 
@@ -22,10 +22,18 @@ from redrive.cli.options import (
     with_options,
 )
 from redrive.clock import now_ms
+from redrive.control import CONTROL_TOPIC, Resume, request_resume
 from redrive.errors import InvalidArgument
 from redrive.ops import deadletters, stats
 from redrive.ops.deadletters import DeadLetterFilter, DeadLetterRecord, Reader
-from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, first_retry_topic, replay
+from redrive.ops.replay import (
+    TO_ORIGINAL,
+    TO_RETRY,
+    ReplayReport,
+    default_actor,
+    first_retry_topic,
+    replay,
+)
 from redrive.policy import RetryPolicy, to_ms
 
 Command = Callable[..., Any]
@@ -251,6 +259,28 @@ def _print_report(report: ReplayReport, name: str) -> None:
     count = len(report.planned) if report.dry_run else len(report.replayed)
     click.echo(f"{verb} {count} of {report.selected} selected record(s) of {name}; "
                f"{len(report.already)} already replayed, {len(report.skipped)} skipped")
+
+
+@click.command("resume")
+@_connection_options
+@click.option("--group", required=True, help="The consumer group whose partitions to resume.")
+@click.option("--topic", default=None, help="Only this topic's partitions (main or retry topic).")
+@click.option("--partition", type=click.IntRange(min=0), default=None,
+              help="Only this partition of --topic.")
+@click.option("--actor", default=None, help="Who resumes, for the record (user@host).")
+def resume_command(bootstrap: str, timeout_s: float, group: str, topic: str | None,
+                   partition: int | None, actor: str | None) -> None:
+    """Let partitions the dead-letter brake stopped go on.
+
+    The request goes to the control topic; each running consumer of the group releases the
+    braked partitions it covers at its next poll, with their counts started afresh.
+    """
+    request = Resume(group, topic, partition, actor or default_actor(), now_ms())
+    where = request_resume(_connect(bootstrap), request, timeout_s)
+    scope = "every braked partition" if topic is None else (
+        f"{topic}" if partition is None else f"{topic}[{partition}]")
+    click.echo(f"resume of {scope} requested for group {group} "
+               f"({CONTROL_TOPIC} offset {where.offset})")
 
 
 @click.command("stats")

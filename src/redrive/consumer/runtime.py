@@ -15,6 +15,8 @@ poll batch is handled record by record, in partition order:
   `redrive.consumer.in_place` for what a rebalance does to that budget);
 - any other error, or an exhausted in-place budget, is routed with `routing.route` to a retry topic
   or the dead-letter topic; the record is finished once its copy is acknowledged.
+- with a `DeadLetterLimit` in the policy, a dead letter that would pass it holds its partition at
+  that record instead (`redrive.consumer.brakes`) until `redrive resume` or the cool-off.
 
 After each batch its copies are produced without waiting (`redrive.consumer.commits`): the next
 batches are handled while the broker acknowledges them, and a batch's offsets are committed
@@ -51,6 +53,7 @@ from redrive.arguments import check_instance, check_int, check_positive
 from redrive.backends import BoundBackend, RetryBackend, RetryTopics, Verdict
 from redrive.clock import now_ms
 from redrive.consumer.batch import Batch, Copy
+from redrive.consumer.brakes import Brake
 from redrive.consumer.committer import Committer
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.plain import handle_plain
@@ -61,7 +64,7 @@ from redrive.kafka.transactions import TransactionalProducer
 from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, new_record
-from redrive.routing import route
+from redrive.routing import DeadLetter, route
 from redrive.signals import stop_on_signals
 from redrive.topics import check_name, check_names, plans
 
@@ -162,6 +165,9 @@ class RetryingConsumer:
             for name in self._backend.consumed_topics(plan):
                 self._main_of[name] = main
         self._holds = Holds()
+        limit = policy.dead_letter_limit
+        self._brake = (None if limit is None else
+                       Brake.of(limit, self.group, self.metrics, self._connection))
         self._in_place = InPlaceRetries()
         # Successes clear in-place state only when some topic's policy retries in place.
         self._in_place_policies = any(self._backend.policy_for(topic, policy).in_place
@@ -236,6 +242,9 @@ class RetryingConsumer:
             with stop_on_signals(self.stop):
                 while not self._stopping.is_set():
                     self._release_due()
+                    if self._brake is not None and self._brake.stopped:
+                        self._brake.poll_resumes(consumer, self._holds)
+                        self.metrics.paused_partitions(len(self._holds))
                     wait_s = self._holds.wait_s(now_ms(), self._poll_timeout_s)
                     if committer.unconfirmed:
                         wait_s = min(wait_s, CONFIRM_POLL_S)
@@ -268,6 +277,8 @@ class RetryingConsumer:
                 self._consumer.close()
         if self._committer is not None:
             self._committer.close()
+        if self._brake is not None:
+            self._brake.close()
 
     def __enter__(self) -> RetryingConsumer:
         self.start()
@@ -307,6 +318,7 @@ class RetryingConsumer:
         processed = batch.processed
         plain = self._plain_backend
         track_in_place = self._in_place_policies
+        brake = self._brake
         handler_times = batch.handler_times
         stop = self._stop
         topic: str | None = None
@@ -367,6 +379,8 @@ class RetryingConsumer:
                 last = handled_to
                 if track_in_place:
                     self._in_place.clear(tp)
+                if brake is not None:
+                    brake.succeeded(tp, handled)
             if failed is None:
                 continue
             assert failure is not None
@@ -458,6 +472,8 @@ class RetryingConsumer:
             self._backend.succeeded(record)
             batch.processed[main] += 1
             self._in_place.clear(tp)
+            if self._brake is not None:
+                self._brake.succeeded(tp)
             batch.finish(tp, offset)
             return
         self._failed(record, failure, tp, batch, main)
@@ -483,6 +499,11 @@ class RetryingConsumer:
                batch: Batch, main: str, delivery: Delivery | None) -> None:
         decision = route(record, error, self._backend.policy_for(main, self.policy), now_ms(),
                          group=self.group, delivery=delivery)
+        if isinstance(decision, DeadLetter) and self._brake is not None and self._brake.stops(
+                self._require_consumer(), self._holds, tp, record, main):
+            self.metrics.paused_partitions(len(self._holds))
+            batch.stop(tp)
+            return
         out = self._backend.failed(record, decision, self._partitions)
         batch.route(tp, record.offset, Copy(out, decision, main))
 
@@ -494,7 +515,10 @@ class RetryingConsumer:
         self.metrics.paused_partitions(len(self._holds))
 
     def _release_due(self) -> None:
-        if self._holds.release_due(self._require_consumer(), now_ms()):
+        released = self._holds.release_due(self._require_consumer(), now_ms())
+        if released:
+            if self._brake is not None:
+                self._brake.released(released)
             # Set where the holds change, not after the batch: a scrape taken while the
             # released records are being handled must not still count their partitions.
             self.metrics.paused_partitions(len(self._holds))
@@ -522,6 +546,8 @@ class RetryingConsumer:
         self._require_committer().settle_all(exclude=tps if kind == "lost" else ())
         self._holds.release(consumer, tps)
         self._in_place.drop(tps)
+        if self._brake is not None:
+            self._brake.forget(tps)
         self._assigned.difference_update(tps)
         self.metrics.rebalanced(kind)
         self.metrics.paused_partitions(len(self._holds))

@@ -1,10 +1,11 @@
 """Holding a partition at a record until a time: pause, seek back, resume when due.
 
 A partition is held when the record at its head must wait: a retry copy or a delayed record that
-is not due yet, or a record waiting for its next in-place attempt. The partition is paused and
-sought back to that record, so the records fetched behind it are dropped and fetched again after
-the resume; `poll()` keeps running meanwhile, so the member stays in its group and the other
-partitions go on. The consumer runtime and the delay service both hold partitions here.
+is not due yet, a record waiting for its next in-place attempt, or one that would pass a
+dead-letter limit. The partition is paused and sought back to that record, so the records fetched
+behind it are dropped and fetched again after the resume; `poll()` keeps running meanwhile, so
+the member stays in its group and the other partitions go on. The consumer runtime and the delay
+service both hold partitions here.
 
 A hold lives in this process only: when a partition is revoked or lost its hold is released (and
 the partition resumed, since librdkafka keeps a partition's pause flag across unassign and assign),
@@ -36,6 +37,7 @@ class Pausable(Protocol):
 class Why(enum.Enum):
     DUE = "due"  # the head is a record whose due time is still ahead
     IN_PLACE = "in-place"  # the head failed and waits for its next in-place attempt
+    BRAKE = "brake"  # the head would pass a dead-letter limit: it waits for an operator
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from redrive.errors import InvalidPolicy
 from redrive.policy.backoff import Backoff, Custom, Explicit, Exponential, Fixed
+from redrive.policy.brake import DeadLetterLimit
 from redrive.policy.classify import (
     ANY_ERROR,
     NO_ERROR,
@@ -30,9 +31,9 @@ from redrive.policy.duration import Duration, format_ms, to_ms
 from redrive.record import ErrorInfo
 
 __all__ = [
-    "Backoff", "Custom", "Disposition", "Duration", "ErrorMatcher", "Explicit", "Exponential",
-    "Fixed", "HeaderFormat", "InPlace", "Naming", "RetryPolicy", "error_type", "format_ms",
-    "message_matches", "predicate", "to_ms",
+    "Backoff", "Custom", "DeadLetterLimit", "Disposition", "Duration", "ErrorMatcher",
+    "Explicit", "Exponential", "Fixed", "HeaderFormat", "InPlace", "Naming", "RetryPolicy",
+    "error_type", "format_ms", "message_matches", "predicate", "to_ms",
 ]
 
 DEFAULT_ATTEMPTS = 3
@@ -110,6 +111,7 @@ class RetryPolicy:
     max_error_message_bytes: int = 1024
     max_error_trace_bytes: int = 8192
     header_format: HeaderFormat | str = HeaderFormat.REDRIVE
+    dead_letter_limit: DeadLetterLimit | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.backoff, Backoff):
@@ -136,6 +138,10 @@ class RetryPolicy:
         except ValueError as exc:
             raise InvalidPolicy("header_format", self.header_format,
                                 f"expected one of {[f.value for f in HeaderFormat]}") from exc
+        if self.dead_letter_limit is not None \
+                and not isinstance(self.dead_letter_limit, DeadLetterLimit):
+            raise InvalidPolicy("dead_letter_limit", self.dead_letter_limit,
+                                "must be a DeadLetterLimit")
         if not isinstance(self.dead_letter, bool):
             raise InvalidPolicy("dead_letter", self.dead_letter, "must be True or False")
         for name in ("max_error_message_bytes", "max_error_trace_bytes"):

@@ -114,6 +114,15 @@ def route_rows(rows: Any, connection: kafka.Connection, group: str, policy: Retr
                        for row in rows.mapInArrow(body, schema).collect())
 
 
+def check_no_brake(policy: RetryPolicy) -> None:
+    """Refuse a dead-letter limit: a streaming query reads its partitions as one, so it cannot
+    stop one of them at a record; the brake belongs to RetryingConsumer."""
+    if policy.dead_letter_limit is not None:
+        raise InvalidArgument("policy.dead_letter_limit", policy.dead_letter_limit,
+                              "a Spark query cannot stop one partition at a record; use it with "
+                              "RetryingConsumer, or alert on redrive_dead_lettered_total")
+
+
 def route_failures(batch: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
                    error_column: str = "error", *, source: Any = None) -> RouteCounts:
     """Copy the failed rows of a micro-batch to their retry or dead-letter topic.
@@ -124,6 +133,7 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     """
     topics.check_name("group", group)
     check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
+    check_no_brake(policy)
     check_error_column(batch.schema, error_column)
     rows = routing_rows(batch, error_column, source)
     partitions = kafka.topic_partitions(kafka.admin(connection))

@@ -14,6 +14,7 @@ from redrive.backends import BoundBackend, RetryBackend, RetryTopics
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.spark.columns import REDRIVE_COLUMN, with_redrive_columns
+from redrive.spark.failures import check_no_brake
 from redrive.spark.sql import functions
 
 log = logging.getLogger("redrive.spark")
@@ -31,6 +32,7 @@ class Subscription:
         topics.check_names("topics", self.main_topics)
         self.group = topics.check_name("group", group)
         check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
+        check_no_brake(policy)
         self.policy = policy
         self.plans = topics.plans(policy, self.main_topics, self.group)
         if retry_backend is not None and not isinstance(retry_backend, RetryBackend):

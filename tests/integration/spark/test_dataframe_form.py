@@ -16,7 +16,7 @@ from pyspark import cloudpickle
 from redrive import headers as h
 from redrive import kafka
 from redrive.errors import InvalidArgument
-from redrive.policy import Backoff, InPlace, RetryPolicy, error_type
+from redrive.policy import Backoff, DeadLetterLimit, InPlace, RetryPolicy, error_type
 from redrive.record import ErrorInfo
 from redrive.routing import route
 from redrive.spark import RetryPipeline, retry_stream, route_failures
@@ -124,6 +124,11 @@ def test_transform_is_checked_before_starting(spark: Any, bootstrap: str, new_to
     in_place = RetryPolicy(in_place=InPlace(on=TimeoutError, retries=1))
     with pytest.raises(InvalidArgument, match=r"policy.in_place"):
         pipeline(transform, in_place)
+    braked = RetryPolicy(dead_letter_limit=DeadLetterLimit(consecutive=10))
+    with pytest.raises(InvalidArgument, match=r"policy.dead_letter_limit=.*one partition"):
+        pipeline(transform, braked)
+    with pytest.raises(InvalidArgument, match=r"policy.dead_letter_limit"):
+        route_failures(spark.range(1), bootstrap, "g", braked)
 
 
 def test_route_failures_in_a_users_own_foreach_batch(spark: Any, bootstrap: str,

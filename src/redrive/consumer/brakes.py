@@ -1,0 +1,162 @@
+"""The consumer's dead-letter brake: each partition's recent outcomes checked against the policy's
+DeadLetterLimit, the partitions it stopped, and their release by an operator or the cool-off.
+
+Successes come in runs (the plain-record loop finishes many at once), so a window is kept as runs
+of one outcome, not one entry per record: counting costs the same for a run of any length.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from redrive import kafka
+from redrive.clock import now_ms
+from redrive.control import ResumeWatch
+from redrive.kafka.holds import Hold, Holds, Pausable, Why
+from redrive.kafka.records import PartitionKey
+from redrive.metrics import Metrics
+from redrive.policy import DeadLetterLimit
+from redrive.record import Record
+
+log = logging.getLogger("redrive.consumer")
+
+# A braked partition without a cool-off stays held until an operator resumes it.
+UNTIL_RESUMED_MS = 2**62
+
+
+class Window:
+    """One partition's recent outcomes: at most `size` of them, oldest dropped first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._runs: deque[list[int]] = deque()  # [count, 1 if dead letters else 0]
+        self.total = 0
+        self.dead = 0
+        self.in_a_row = 0
+
+    def add(self, count: int, dead: bool) -> None:
+        flag = int(dead)
+        if self._runs and self._runs[-1][1] == flag:
+            self._runs[-1][0] += count
+        else:
+            self._runs.append([count, flag])
+        self.total += count
+        if dead:
+            self.dead += count
+            self.in_a_row += count
+        else:
+            self.in_a_row = 0
+        excess = self.total - self.size
+        while excess > 0:
+            run = self._runs[0]
+            taken = min(run[0], excess)
+            run[0] -= taken
+            self.total -= taken
+            self.dead -= taken * run[1]
+            excess -= taken
+            if not run[0]:
+                self._runs.popleft()
+
+    def passes(self, limit: DeadLetterLimit) -> bool:
+        """Whether one more dead letter would pass `limit`."""
+        if limit.consecutive is not None and self.in_a_row + 1 > limit.consecutive:
+            return True
+        if limit.ratio is None:
+            return False
+        total, dead = self.total + 1, self.dead + 1
+        if total > self.size:  # the oldest outcome leaves the window
+            total -= 1
+            dead -= self._runs[0][1]
+        return total >= self.size and dead > limit.ratio * total
+
+
+class Brake:
+    """Stops a partition at the dead letter that would pass the limit, and lets it go again.
+
+    The partition is held at that record (paused and sought back to it), so nothing is committed
+    past it; a `redrive resume` for the group, or the cool-off, releases it with its counts
+    started afresh. Requests are read from the control topic only while a partition is stopped.
+    """
+
+    def __init__(self, limit: DeadLetterLimit, group: str, metrics: Metrics,
+                 watch: Callable[[], ResumeWatch]) -> None:
+        self.limit = limit
+        self.group = group
+        self._metrics = metrics
+        self._new_watch = watch
+        self._watch: ResumeWatch | None = None
+        self._windows: dict[PartitionKey, Window] = {}
+        self.stopped: dict[PartitionKey, str] = {}  # braked partition -> its main topic
+
+    @classmethod
+    def of(cls, limit: DeadLetterLimit, group: str, metrics: Metrics,
+           connection: kafka.Connection) -> Brake:
+        return cls(limit, group, metrics, lambda: ResumeWatch(connection, group))
+
+    def _window(self, tp: PartitionKey) -> Window:
+        window = self._windows.get(tp)
+        if window is None:
+            window = self._windows[tp] = Window(self.limit.window)
+        return window
+
+    def succeeded(self, tp: PartitionKey, count: int = 1) -> None:
+        self._window(tp).add(count, False)
+
+    def stops(self, consumer: Pausable, holds: Holds, tp: PartitionKey, record: Record,
+              main: str) -> bool:
+        """Count `record`'s dead letter and return False, or, if it would pass the limit, hold
+        `tp` at it and return True: the caller then neither routes nor finishes it."""
+        window = self._window(tp)
+        if not window.passes(self.limit):
+            window.add(1, True)
+            return False
+        if self._watch is None:
+            # Before the log line: a resume sent by whoever reads it is after the watch's start.
+            self._watch = self._new_watch()
+        cool_off = self.limit.cool_off_ms
+        until = UNTIL_RESUMED_MS if cool_off is None else now_ms() + cool_off
+        holds.hold(consumer, tp, Hold(record.offset, until, Why.BRAKE, record.timestamp_ms))
+        self.stopped[tp] = main
+        self._metrics.brake_tripped(tp[0])
+        self._metrics.braked_partitions(len(self.stopped))
+        then = ("until resumed" if cool_off is None else f"for {cool_off / 1000:g} s or until "
+                "resumed")
+        log.warning("group %s: dead-letter brake stopped %s[%d] at offset %d (%s); held %s: "
+                    "redrive resume -b BOOTSTRAP --group %s --topic %s --partition %d",
+                    self.group, tp[0], tp[1], record.offset, self.limit.describe(), then,
+                    self.group, tp[0], tp[1])
+        return True
+
+    def poll_resumes(self, consumer: Pausable, holds: Holds) -> list[PartitionKey]:
+        """Release the stopped partitions that resume requests since the trip cover."""
+        if not self.stopped or self._watch is None:
+            return []
+        covered: list[PartitionKey] = []
+        for request in self._watch.poll():
+            covered += [tp for tp, main in self.stopped.items()
+                        if tp not in covered and request.covers(tp, main)]
+            if covered:
+                log.warning("group %s: resumed %s by %s", self.group,
+                            ", ".join(f"{t}[{p}]" for t, p in covered), request.actor or "?")
+        released = holds.release(consumer, covered)
+        self.released(released)
+        return released
+
+    def released(self, tps: Iterable[PartitionKey]) -> None:
+        """Holds that ended (by a request or the cool-off): the braked partitions among them go
+        on with their counts started afresh."""
+        self.forget([tp for tp in tps if tp in self.stopped])
+
+    def forget(self, tps: Iterable[PartitionKey]) -> None:
+        """Drop these partitions' counts and stops (released, revoked or lost)."""
+        for tp in tps:
+            self._windows.pop(tp, None)
+            self.stopped.pop(tp, None)
+        self._metrics.braked_partitions(len(self.stopped))
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None

@@ -1,0 +1,65 @@
+"""A dead-letter brake: how many dead letters a partition may produce before it stops.
+
+A bad deploy or a broken dependency can send a whole stream to the dead-letter topic in minutes.
+With a limit, the runtime pauses the partition at the record that would pass it instead of
+dead-lettering it, and waits for an operator (`redrive resume`) or the cool-off.
+
+    DeadLetterLimit(ratio=0.5, window=1000)          # more than half of the last 1000 records
+    DeadLetterLimit(consecutive=100, cool_off="5m")  # more than 100 in a row; retry in 5 minutes
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redrive.errors import InvalidPolicy
+from redrive.policy.duration import Duration, to_ms
+
+
+@dataclass(frozen=True)
+class DeadLetterLimit:
+    """ratio: the largest share of dead letters among a partition's last `window` finished
+    records (retries not counted) allowed; judged only once `window` records are in view.
+    consecutive: the most dead letters in a row allowed. cool_off: resume by itself after this
+    long (None: only `redrive resume` releases the partition)."""
+
+    ratio: float | None = None
+    window: int = 1000
+    consecutive: int | None = None
+    cool_off: Duration | None = None
+
+    def __post_init__(self) -> None:
+        if self.ratio is None and self.consecutive is None:
+            raise InvalidPolicy("dead_letter_limit", self, "give ratio, consecutive or both")
+        if self.ratio is not None and (isinstance(self.ratio, bool)
+                                       or not isinstance(self.ratio, int | float)
+                                       or not 0 <= self.ratio < 1):
+            raise InvalidPolicy("dead_letter_limit.ratio", self.ratio,
+                                "must be a number from 0 up to (not including) 1")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise InvalidPolicy("dead_letter_limit.window", self.window,
+                                "must be an integer >= 1")
+        if self.consecutive is not None and (isinstance(self.consecutive, bool)
+                                             or not isinstance(self.consecutive, int)
+                                             or self.consecutive < 0):
+            raise InvalidPolicy("dead_letter_limit.consecutive", self.consecutive,
+                                "must be an integer >= 0")
+        if self.cool_off is not None:
+            ms = to_ms(self.cool_off, "dead_letter_limit.cool_off", InvalidPolicy)
+            if ms <= 0:
+                raise InvalidPolicy("dead_letter_limit.cool_off", self.cool_off,
+                                    "must be positive")
+            object.__setattr__(self, "cool_off", ms)
+
+    @property
+    def cool_off_ms(self) -> int | None:
+        assert self.cool_off is None or isinstance(self.cool_off, int)
+        return self.cool_off
+
+    def describe(self) -> str:
+        parts = []
+        if self.ratio is not None:
+            parts.append(f"more than {self.ratio:g} of the last {self.window}")
+        if self.consecutive is not None:
+            parts.append(f"more than {self.consecutive} in a row")
+        return " or ".join(parts)
