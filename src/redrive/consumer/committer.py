@@ -15,12 +15,13 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from redrive import kafka
 from redrive.backends import BoundBackend
 from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.commits import CommitPipeline, Pending
+from redrive.consumer.readers import Readers
 from redrive.errors import RedriveError
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
@@ -37,7 +38,7 @@ class Committer:
     """Commits one runtime's batches, from its thread. `assigned` is the runtime's set of
     assigned partitions (read here: a rewind leaves partitions no longer ours alone)."""
 
-    def __init__(self, group: str, consumer: Consumer, backend: BoundBackend, metrics: Metrics,
+    def __init__(self, group: str, consumer: Readers, backend: BoundBackend, metrics: Metrics,
                  assigned: set[PartitionKey], timeout_s: float, *,
                  producer: Producer | None = None,
                  transactions: TransactionalProducer | None = None) -> None:

@@ -1,7 +1,9 @@
 """RetryingConsumer: a plain-Python Kafka consumer with non-blocking retries and dead letters.
 
-One consumer group reads the main topics and the group's retry topics (from `topics.plan`). Each
-poll batch is handled record by record, in partition order:
+One consumer group reads the main topics and the group's retry topics (from `topics.plan`); the
+retry partitions are fetched by a reader of their own (`redrive.consumer.readers`), whose records
+are taken first, so a due retry never waits behind a backlog of the main topics. Each poll batch
+is handled record by record, in partition order:
 
 - a record whose `redrive-group` names another group is skipped and committed;
 - a record not yet due (`redrive-due` ahead of the local clock) holds its partition: the partition
@@ -57,6 +59,7 @@ from redrive.consumer.brakes import Brake
 from redrive.consumer.committer import Committer
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.plain import handle_plain
+from redrive.consumer.readers import Readers
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
 from redrive.kafka.holds import Hold, Holds, Why
 from redrive.kafka.records import PartitionKey
@@ -93,6 +96,9 @@ DEFAULT_POLL_TIMEOUT_S = 0.1
 DEFAULT_TIMEOUT_S = 30.0
 # How long a poll may wait while copies are unconfirmed, so their offsets are committed soon.
 CONFIRM_POLL_S = 0.01
+# How long the member's poll may wait while the retry reader has partitions: a retry fetched
+# meanwhile is taken at the next turn of the loop.
+RETRY_POLL_S = 0.02
 
 
 
@@ -183,7 +189,7 @@ class RetryingConsumer:
                                and backend_type.succeeded is BoundBackend.succeeded)
         # Only a backend that looks records up (the store) pays for the pre-pass over a batch.
         self._prefetching = backend_type.prefetch is not BoundBackend.prefetch
-        self._consumer: Consumer | None = None
+        self._consumer: Readers | None = None
         self._committer: Committer | None = None
         self._closed = False
 
@@ -224,11 +230,11 @@ class RetryingConsumer:
                 self._connection, self._transactional_id, overrides=self._producer_config,
                 timeout_s=self._timeout_s)
             transactions.start()
-        self._consumer = kafka.consumer(self._connection, self.group, self._config)
+        self._consumer = self._readers()
         self._committer = Committer(self.group, self._consumer, self._backend, self.metrics,
                                     self._assigned, self._timeout_s, producer=producer,
                                     transactions=transactions)
-        self._consumer.subscribe(self.subscribed, on_assign=self._on_assign,
+        self._consumer.member.subscribe(self.subscribed, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         if self._metrics_port is not None:
             self.metrics.serve(self._metrics_port)
@@ -248,6 +254,13 @@ class RetryingConsumer:
                     wait_s = self._holds.wait_s(now_ms(), self._poll_timeout_s)
                     if committer.unconfirmed:
                         wait_s = min(wait_s, CONFIRM_POLL_S)
+                    if consumer.reading_retries:
+                        retries = consumer.consume_retries(self._batch_size)
+                        if retries:
+                            self._handle_batch(retries)
+                            wait_s = 0.0
+                        else:
+                            wait_s = min(wait_s, RETRY_POLL_S)
                     messages = consumer.consume(self._batch_size, wait_s)
                     if messages:
                         self._handle_batch(messages)
@@ -530,6 +543,7 @@ class RetryingConsumer:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned.update((str(p.topic), int(p.partition)) for p in partitions)
+        self._require_consumer().assigned(partitions)
         self.metrics.rebalanced("assign")
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -544,7 +558,9 @@ class RetryingConsumer:
         # acknowledged while the partitions are still ours (a lost partition is not ours any
         # more: nothing of it is committed, its next owner handles those records again).
         self._require_committer().settle_all(exclude=tps if kind == "lost" else ())
-        self._holds.release(consumer, tps)
+        readers = self._require_consumer()
+        self._holds.release(readers, tps)
+        readers.revoked(partitions)
         self._in_place.drop(tps)
         if self._brake is not None:
             self._brake.forget(tps)
@@ -564,7 +580,20 @@ class RetryingConsumer:
         suffix = str(instance) if instance else uuid.uuid4().hex[:12]
         return f"redrive-{self.group}-{suffix}"
 
-    def _require_consumer(self) -> Consumer:
+    def _readers(self) -> Readers:
+        member = kafka.consumer(self._connection, self.group, self._config)
+        retry_topics = [name for name, main in self._main_of.items() if name != main]
+        incremental = (self._config.get("group.protocol") == "consumer"
+                       or "cooperative" in str(self._config.get("partition.assignment.strategy")))
+        if not retry_topics:
+            return Readers(member, None, (), incremental=incremental)
+        # Assign-only: it never joins the group, so a static member id is not its to use.
+        config = {k: v for k, v in self._config.items() if k != "group.instance.id"}
+        config["enable.partition.eof"] = True  # tells the reader when it may rest
+        return Readers(member, kafka.consumer(self._connection, self.group, config),
+                       retry_topics, incremental=incremental)
+
+    def _require_consumer(self) -> Readers:
         if self._consumer is None:
             raise RedriveError(f"consumer of group {self.group!r} is not started; call start()")
         return self._consumer

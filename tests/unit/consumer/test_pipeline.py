@@ -13,6 +13,7 @@ from redrive.consumer import RetryingConsumer
 from redrive.consumer.batch import Copy
 from redrive.consumer.commits import CommitPipeline, Pending
 from redrive.consumer.committer import Committer
+from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Origin, Record
@@ -141,8 +142,9 @@ def _fake_runtime(fails: set[bytes]) -> tuple[RetryingConsumer, FakeConsumer, Fa
     runtime = RetryingConsumer("localhost:9", "orders", "g", RetryPolicy(
         backoff=Backoff.fixed("1s"), attempts=3), handler)
     consumer, producer = FakeConsumer(), FakeProducer()
-    runtime._consumer = consumer  # type: ignore[assignment]
-    runtime._committer = Committer("g", consumer, runtime._backend,  # type: ignore[arg-type]
+    readers = Readers(consumer, None, (), incremental=False)  # type: ignore[arg-type]
+    runtime._consumer = readers
+    runtime._committer = Committer("g", readers, runtime._backend,
                                    runtime.metrics, runtime._assigned, 30.0,
                                    producer=producer)  # type: ignore[arg-type]
     runtime._partitions = {"orders.g.retry.1s": 2, "orders.g.dlt": 2}

@@ -1,0 +1,192 @@
+"""The consumer runtime's two Kafka consumers: the group member, and a reader of its retry
+partitions with a fetch queue of their own.
+
+librdkafka puts every fetched record of a consumer in one local queue. Behind a backlog of the
+main topics, a retry that fell due waits behind everything prefetched from them (the whole
+backlog, on a broker that ignores fetch size limits): its lateness grows with the backlog. So the
+group member subscribes to the main and retry topics, which keeps the group's assignment of
+retry partitions across instances, but keeps its retry partitions paused; an assign-only reader
+(never a group member) fetches exactly those partitions from the group's committed offsets into
+its own queue, and the run loop takes its records first. Spring Kafka gets the same by reading
+retry topics in containers of their own; here one thread drives both, so handling stays in
+order per partition and commits stay with the member (its generation guards them, and a
+transaction sends the member's group metadata for every offset).
+
+Every pause, resume and seek goes to the consumer that fetches the partition; commits and group
+metadata go to the member.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
+
+# A reader whose every partition reached its end rests (its partitions unassigned) for REST_S. A
+# broker that answers an empty fetch at once instead of waiting fetch.wait.max.ms (noida-db does)
+# has librdkafka send fetches back to back for an idle partition, at the cost of a core between
+# client and broker; resting bounds that to one fetch per REST_S, at most REST_S of added
+# lateness. It rests only once each partition said it is at its end (a partition EOF event), so
+# a fetch is never cut short.
+REST_S = 0.025
+
+
+class Readers:
+    """The member and, when the group has retry topics, the reader of its retry partitions."""
+
+    def __init__(self, member: Consumer, reader: Consumer | None,
+                 retry_topics: Collection[str], *, incremental: bool) -> None:
+        self.member = member
+        self._incremental = incremental  # the group's rebalance protocol is cooperative
+        self.reader = reader
+        self._retry_topics = frozenset(retry_topics) if reader is not None else frozenset()
+        self._reading: set[tuple[str, int]] = set()
+        self._parked: dict[tuple[str, int], int] = {}  # held retry partition -> its offset
+        self._resting: dict[tuple[str, int], int] | None = None  # rested partition -> position
+        self._wake_at = 0.0
+        self._at_end: set[tuple[str, int]] = set()  # partitions that reported their end
+
+    @property
+    def reading_retries(self) -> bool:
+        return bool(self._reading)
+
+    def _split(self, partitions: Sequence[TopicPartition]
+               ) -> tuple[list[TopicPartition], list[TopicPartition]]:
+        main = [p for p in partitions if p.topic not in self._retry_topics]
+        retry = [p for p in partitions if p.topic in self._retry_topics]
+        return main, retry
+
+    # --- the group's assignment --------------------------------------------------------------
+
+    def assigned(self, partitions: Sequence[TopicPartition]) -> None:
+        """Called from the member's assign callback: its retry partitions go to the reader."""
+        _, retry = self._split(partitions)
+        if not retry or self.reader is None:
+            return
+        # Assigned here rather than by the client after the callback, so that the pause is
+        # applied to the assignment in effect (a pause made before it is reset by it): the
+        # member never fetches them.
+        if self._incremental:
+            self.member.incremental_assign(list(partitions))
+        else:
+            self.member.assign(list(partitions))
+        self.member.pause(retry)
+        # OFFSET_INVALID: start at the group's committed offset (auto.offset.reset if none).
+        self.reader.incremental_assign([TopicPartition(p.topic, p.partition, OFFSET_INVALID)
+                                        for p in retry])
+        self._reading.update((str(p.topic), int(p.partition)) for p in retry)
+
+    def revoked(self, partitions: Sequence[TopicPartition]) -> None:
+        """Called from the member's revoke or lost callback, once nothing of them is pending."""
+        _, retry = self._split(partitions)
+        mine = [(str(p.topic), int(p.partition)) for p in retry
+                if (p.topic, p.partition) in self._reading]
+        if not mine or self.reader is None:
+            return
+        resting = self._resting if self._resting is not None else {}
+        assigned = [TopicPartition(*tp) for tp in mine
+                    if tp not in self._parked and tp not in resting]
+        if assigned:
+            self.reader.incremental_unassign(assigned)
+        for tp in mine:
+            self._parked.pop(tp, None)
+            resting.pop(tp, None)
+            self._at_end.discard(tp)
+            self._reading.discard(tp)
+
+    # --- fetching ------------------------------------------------------------------------------
+
+    def consume_retries(self, count: int) -> list[Message]:
+        """The retry records already fetched, without waiting."""
+        if self.reader is None or not self._reading:
+            return []
+        if self._resting is not None:
+            if time.monotonic() < self._wake_at:
+                return []
+            if self._resting:
+                self.reader.incremental_assign([TopicPartition(t, p, offset)
+                                                for (t, p), offset in self._resting.items()])
+            self._resting = None
+            self._at_end.clear()
+        messages = self.reader.consume(count, 0)
+        records = []
+        for message in messages:
+            tp = (message.topic(), message.partition())
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                self._at_end.add(tp)  # type: ignore[arg-type]
+                continue
+            self._at_end.discard(tp)
+            records.append(message)
+        if not records and self._reading - self._parked.keys() <= self._at_end:
+            self._rest(time.monotonic())
+        return records
+
+    def _rest(self, now: float) -> None:
+        """Unassign the reader's quiet partitions for REST_S, at their positions."""
+        assert self.reader is not None
+        active = [TopicPartition(t, p) for t, p in sorted(self._reading)
+                  if (t, p) not in self._parked]
+        positions = self.reader.position(active) if active else []
+        if active:
+            self.reader.incremental_unassign(active)
+        # OFFSET_INVALID (nothing read since assigned) assigns again at the committed offset.
+        self._resting = {(str(tp.topic), int(tp.partition)): int(tp.offset) for tp in positions}
+        self._wake_at = now + REST_S
+
+    def consume(self, count: int, wait_s: float) -> list[Message]:
+        return self.member.consume(count, wait_s)
+
+    # --- what Holds and the Committer ask of "the consumer" ------------------------------------
+
+    # The reader holds a retry partition by unassigning it and assigning it again at the held
+    # offset: resumed after a pause, a partition of an otherwise idle consumer is fetched only at
+    # librdkafka's next one-second tick (0.5-1 s late on noida-db), assigned it is fetched at once.
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        main, retry = self._split(partitions)
+        if main:
+            self.member.pause(main)
+        parked = [p for p in retry if (p.topic, p.partition) in self._reading]
+        if parked and self.reader is not None:
+            self.reader.incremental_unassign([TopicPartition(p.topic, p.partition)
+                                              for p in parked])
+            for p in parked:
+                self._parked[(p.topic, p.partition)] = p.offset
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        main, retry = self._split(partitions)
+        if main:
+            self.member.resume(main)
+        parked = [TopicPartition(p.topic, p.partition, self._parked.pop((p.topic, p.partition)))
+                  for p in retry if (p.topic, p.partition) in self._parked]
+        if parked and self.reader is not None:
+            self.reader.incremental_assign(parked)
+
+    def seek(self, partition: TopicPartition) -> None:
+        tp = (partition.topic, partition.partition)
+        if tp in self._parked:
+            self._parked[tp] = partition.offset
+        elif self._resting is not None and tp in self._resting:
+            self._resting[tp] = partition.offset
+        elif partition.topic in self._retry_topics and self.reader is not None:
+            self.reader.seek(partition)
+        else:
+            self.member.seek(partition)
+
+    def commit(self, **kwargs: Any) -> Any:
+        return self.member.commit(**kwargs)
+
+    def consumer_group_metadata(self) -> Any:
+        return self.member.consumer_group_metadata()
+
+    def close(self) -> None:
+        # The member first: leaving the group runs the revoke callback, which still uses the
+        # reader.
+        try:
+            self.member.close()
+        finally:
+            if self.reader is not None:
+                self.reader.close()

@@ -1,0 +1,132 @@
+"""The member and the retry reader: which consumer each call reaches, holds on the reader as
+unassign and assign at the held offset, and resting once every partition reported its end
+(recording stand-ins here; tests/integration/consumer/test_retry_reader.py runs it on a broker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import OFFSET_INVALID, KafkaError, TopicPartition
+
+from redrive.consumer import readers as readers_module
+from redrive.consumer.readers import Readers
+
+MAIN, RETRY = "orders", "orders.g.retry.5s"
+
+
+class Client:
+    """Records the calls a Readers makes, as (call, [(topic, partition, offset)])."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, list[tuple[str, int, int]]]] = []
+        self.queue: list[Any] = []
+        self.positions: dict[tuple[str, int], int] = {}
+
+    def _note(self, call: str, partitions: list[TopicPartition]) -> None:
+        self.made.append((call, [(p.topic, p.partition, p.offset) for p in partitions]))
+
+    def __getattr__(self, call: str) -> Any:
+        if call in ("pause", "resume", "assign", "incremental_assign", "incremental_unassign"):
+            return lambda partitions: self._note(call, partitions)
+        if call == "seek":
+            return lambda partition: self._note("seek", [partition])
+        raise AttributeError(call)
+
+    def consume(self, count: int, wait_s: float) -> list[Any]:
+        found, self.queue = self.queue, []
+        return found
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(p.topic, p.partition,
+                               self.positions.get((p.topic, p.partition), OFFSET_INVALID))
+                for p in partitions]
+
+
+class Message:
+    def __init__(self, topic: str, partition: int, eof: bool = False) -> None:
+        self._tp = (topic, partition)
+        self._eof = eof
+
+    def topic(self) -> str:
+        return self._tp[0]
+
+    def partition(self) -> int:
+        return self._tp[1]
+
+    def error(self) -> KafkaError | None:
+        return KafkaError(KafkaError._PARTITION_EOF) if self._eof else None
+
+
+def started() -> tuple[Readers, Client, Client]:
+    member, reader = Client(), Client()
+    readers = Readers(member, reader, [RETRY], incremental=False)  # type: ignore[arg-type]
+    readers.assigned([TopicPartition(MAIN, 0), TopicPartition(RETRY, 0), TopicPartition(RETRY, 1)])
+    return readers, member, reader
+
+
+def test_the_member_owns_every_partition_and_the_reader_fetches_the_retry_ones() -> None:
+    readers, member, reader = started()
+    assert member.made == [
+        ("assign", [(MAIN, 0, OFFSET_INVALID), (RETRY, 0, OFFSET_INVALID),
+                    (RETRY, 1, OFFSET_INVALID)]),
+        ("pause", [(RETRY, 0, OFFSET_INVALID), (RETRY, 1, OFFSET_INVALID)])]
+    assert reader.made == [("incremental_assign", [(RETRY, 0, OFFSET_INVALID),
+                                                   (RETRY, 1, OFFSET_INVALID)])]
+    assert readers.reading_retries
+
+
+def test_a_held_retry_partition_is_unassigned_and_assigned_again_at_the_held_offset() -> None:
+    readers, member, reader = started()
+    member.made.clear()
+    reader.made.clear()
+    readers.pause([TopicPartition(MAIN, 0, 7), TopicPartition(RETRY, 1, 40)])
+    readers.seek(TopicPartition(MAIN, 0, 7))
+    readers.seek(TopicPartition(RETRY, 1, 40))
+    assert member.made == [("pause", [(MAIN, 0, 7)]), ("seek", [(MAIN, 0, 7)])]
+    assert reader.made == [("incremental_unassign", [(RETRY, 1, OFFSET_INVALID)])]
+    readers.resume([TopicPartition(MAIN, 0), TopicPartition(RETRY, 1)])
+    assert member.made[-1] == ("resume", [(MAIN, 0, OFFSET_INVALID)])
+    assert reader.made[-1] == ("incremental_assign", [(RETRY, 1, 40)])
+    readers.seek(TopicPartition(RETRY, 0, 3))  # a rewind of a partition being read
+    assert reader.made[-1] == ("seek", [(RETRY, 0, 3)])
+
+
+def test_the_reader_rests_once_every_partition_reported_its_end() -> None:
+    readers, _, reader = started()
+    reader.made.clear()
+    record: Any = Message(RETRY, 0)
+    reader.queue = [record, Message(RETRY, 1, eof=True)]
+    assert readers.consume_retries(10) == [record]  # partition 0 has not reported its end
+    assert reader.made == []
+    reader.positions = {(RETRY, 0): 12}
+    reader.queue = [Message(RETRY, 0, eof=True)]
+    assert readers.consume_retries(10) == []
+    assert reader.made == [("incremental_unassign", [(RETRY, 0, OFFSET_INVALID),
+                                                     (RETRY, 1, OFFSET_INVALID)])]
+    reader.queue = [Message(RETRY, 0)]
+    assert readers.consume_retries(10) == []  # resting: not even asked
+    readers._wake_at = 0.0  # the rest is over
+    assert len(readers.consume_retries(10)) == 1
+    assert reader.made[-1] == ("incremental_assign", [(RETRY, 0, 12),
+                                                      (RETRY, 1, OFFSET_INVALID)])
+    assert readers_module.REST_S <= 0.05  # the most a rest adds to a retry's lateness
+
+
+def test_revoked_retry_partitions_leave_the_reader_whether_held_resting_or_read() -> None:
+    readers, _, reader = started()
+    readers.pause([TopicPartition(RETRY, 1, 40)])
+    reader.made.clear()
+    readers.revoked([TopicPartition(MAIN, 0), TopicPartition(RETRY, 0),
+                     TopicPartition(RETRY, 1)])
+    assert reader.made == [("incremental_unassign", [(RETRY, 0, OFFSET_INVALID)])]
+    assert not readers.reading_retries
+    readers.resume([TopicPartition(RETRY, 1)])  # no longer held: nothing to assign
+    assert reader.made[-1][0] == "incremental_unassign"
+
+
+def test_without_retry_topics_there_is_no_reader() -> None:
+    member = Client()
+    readers = Readers(member, None, (), incremental=True)  # type: ignore[arg-type]
+    readers.assigned([TopicPartition(MAIN, 0)])
+    assert member.made == [] and not readers.reading_retries
+    assert readers.consume_retries(10) == []
