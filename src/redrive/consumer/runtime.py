@@ -254,14 +254,15 @@ class RetryingConsumer:
                     wait_s = self._holds.wait_s(now_ms(), self._poll_timeout_s)
                     if committer.unconfirmed:
                         wait_s = min(wait_s, CONFIRM_POLL_S)
+                    retries: list[Message] = []
                     if consumer.reading_retries:
                         retries = consumer.consume_retries(self._batch_size)
-                        if retries:
-                            self._handle_batch(retries)
-                            wait_s = 0.0
-                        else:
-                            wait_s = min(wait_s, RETRY_POLL_S)
+                        wait_s = 0.0 if retries else min(wait_s, RETRY_POLL_S)
                     messages = consumer.consume(self._batch_size, wait_s)
+                    if retries:
+                        # One batch, so one commit: retry and main partitions are distinct, so
+                        # each partition's records stay in order.
+                        messages = retries + messages
                     if messages:
                         self._handle_batch(messages)
                     elif committer.unconfirmed:
