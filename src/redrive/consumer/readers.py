@@ -19,10 +19,12 @@ metadata go to the member.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
+
+from redrive import kafka
 
 # A reader whose every partition reached its end rests (its partitions unassigned) for REST_S. A
 # broker that answers an empty fetch at once instead of waiting fetch.wait.max.ms (noida-db does)
@@ -47,6 +49,21 @@ class Readers:
         self._resting: dict[tuple[str, int], int] | None = None  # rested partition -> position
         self._wake_at = 0.0
         self._at_end: set[tuple[str, int]] = set()  # partitions that reported their end
+
+    @classmethod
+    def open(cls, connection: kafka.Connection, group: str, config: Mapping[str, Any],
+             retry_topics: Collection[str]) -> Readers:
+        """The member of `group` and, if there are retry topics, their reader."""
+        member = kafka.consumer(connection, group, config)
+        incremental = (config.get("group.protocol") == "consumer"
+                       or "cooperative" in str(config.get("partition.assignment.strategy")))
+        if not retry_topics:
+            return cls(member, None, (), incremental=incremental)
+        # Assign-only: it never joins the group, so a static member id is not its to use.
+        reader_config = {k: v for k, v in config.items() if k != "group.instance.id"}
+        reader_config["enable.partition.eof"] = True  # tells the reader when it may rest
+        return cls(member, kafka.consumer(connection, group, reader_config), retry_topics,
+                   incremental=incremental)
 
     @property
     def reading_retries(self) -> bool:

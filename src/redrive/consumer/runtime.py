@@ -230,7 +230,8 @@ class RetryingConsumer:
                 self._connection, self._transactional_id, overrides=self._producer_config,
                 timeout_s=self._timeout_s)
             transactions.start()
-        self._consumer = self._readers()
+        retry_topics = [name for name, main in self._main_of.items() if name != main]
+        self._consumer = Readers.open(self._connection, self.group, self._config, retry_topics)
         self._committer = Committer(self.group, self._consumer, self._backend, self.metrics,
                                     self._assigned, self._timeout_s, producer=producer,
                                     transactions=transactions)
@@ -580,19 +581,6 @@ class RetryingConsumer:
         instance = self._config.get("group.instance.id")
         suffix = str(instance) if instance else uuid.uuid4().hex[:12]
         return f"redrive-{self.group}-{suffix}"
-
-    def _readers(self) -> Readers:
-        member = kafka.consumer(self._connection, self.group, self._config)
-        retry_topics = [name for name, main in self._main_of.items() if name != main]
-        incremental = (self._config.get("group.protocol") == "consumer"
-                       or "cooperative" in str(self._config.get("partition.assignment.strategy")))
-        if not retry_topics:
-            return Readers(member, None, (), incremental=incremental)
-        # Assign-only: it never joins the group, so a static member id is not its to use.
-        config = {k: v for k, v in self._config.items() if k != "group.instance.id"}
-        config["enable.partition.eof"] = True  # tells the reader when it may rest
-        return Readers(member, kafka.consumer(self._connection, self.group, config),
-                       retry_topics, incremental=incremental)
 
     def _require_consumer(self) -> Readers:
         if self._consumer is None:
