@@ -25,7 +25,9 @@ P2  main-topic records/s with --fail-rate of records failing once / with none, w
     main-topic record, which counts all the retries' handling but also the wait for the last ones
     to fall due. Also P2 with the trivial handler and what one failure costs: with a trivial
     handler a failure's copy, produced and consumed back, costs dozens of handler calls, so that
-    P2 there measures the failure path alone.
+    P2 there measures the failure path alone. And P2 through the delay queue: the same failing
+    run with retry_backend=DelayQueue, the delay service forwarding the retries back to the
+    main topic (goal >= 0.85).
 P3  lateness past due of the retried records, p50 and p99 (goal p99 <= 250 ms), measured while
     records are written at a steady rate the consumer keeps up with; beside it the lateness of P2's
     retries, which wait behind a backlog read flat out; and how many records of all runs were
@@ -50,8 +52,10 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from redrive import kafka
+from redrive.backends import DelayQueue, RetryBackend
 from redrive.consumer import RetryingConsumer
 from redrive.consumer.runtime import CONSUMER_OVERRIDES
+from redrive.delay import DelayService, Tiers
 from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
@@ -189,7 +193,7 @@ class RedriveRun:
 
 
 def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
-                fail_rate: float) -> RedriveRun:
+                fail_rate: float, retry_backend: RetryBackend | None = None) -> RedriveRun:
     clock = Clock()
     lateness: list[float] = []
     last_retry = [0.0]
@@ -214,7 +218,8 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
 
     policy = RetryPolicy(backoff=Backoff.fixed(f"{BACKOFF_MS}ms"), attempts=2)
     consumer = RetryingConsumer(bootstrap, topic, f"bench-redrive-{uuid.uuid4().hex[:8]}",
-                                policy, handler, batch_size=BATCH, config=dict(CLIENT_OVERRIDES))
+                                policy, handler, batch_size=BATCH, config=dict(CLIENT_OVERRIDES),
+                                retry_backend=retry_backend)
     consumer.start()
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
@@ -238,8 +243,34 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
     """Delete what a finished run or profile made: noida-db rewrites all it holds after every
     write (a committed offset included), at a cost in proportion to it, so that whatever the
     bench kept would slow every later run. Each RetryingConsumer run's group has retry and
-    dead-letter topics of its own."""
-    kafka.delete_topics(kafka.admin(bootstrap), names)
+    dead-letter topics of its own (with DelayQueue, only the latter were made)."""
+    admin = kafka.admin(bootstrap)
+    existing = kafka.topic_partitions(admin)
+    kafka.delete_topics(admin, [name for name in names if name in existing])
+
+
+def delay_queue_run(bootstrap: str, topic: str, records: int, work: Work,
+                    fail_rate: float) -> RedriveRun:
+    """A failing run whose retries wait in the delay service's tiers (DelayQueue) instead of the
+    group's retry topics. The service runs only for this run, on tiers of its own: idle, it
+    would take CPU from the other runs (see docs/benchmarks.md on noida-db's empty fetches)."""
+    tiers = Tiers.of((f"{BACKOFF_MS}ms",), prefix=f"bench-delay-{uuid.uuid4().hex[:8]}")
+    service = DelayService(bootstrap, tiers, partitions=PARTITIONS,
+                           group_id=f"bench-delay-{uuid.uuid4().hex[:8]}",
+                           consumer_overrides=CLIENT_OVERRIDES)
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not service.metrics.value("redrive_rebalances_total", kind="assign"):
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the delay service did not start")
+        time.sleep(0.05)
+    try:
+        return redrive_run(bootstrap, topic, records, work, fail_rate, DelayQueue(tiers))
+    finally:
+        service.stop()
+        thread.join(60)
+        delete_topics(bootstrap, tiers.owned_topics)
 
 
 def paced_run(bootstrap: str, rate: int, seconds: float, work: Work,
@@ -299,6 +330,8 @@ class Profile:
     raw: list[float] = field(default_factory=list)
     clean: list[float] = field(default_factory=list)
     failing: list[RedriveRun] = field(default_factory=list)
+    delay_queue: bool = False  # also a failing run through DelayQueue each round
+    failing_dq: list[RedriveRun] = field(default_factory=list)
 
     def fill(self, bootstrap: str) -> None:
         self.topic = fill(bootstrap, self.records)
@@ -322,6 +355,9 @@ class Profile:
                 run()
         self.failing.append(
             redrive_run(bootstrap, self.topic, self.records, self.work, fail_rate))
+        if self.delay_queue:
+            self.failing_dq.append(
+                delay_queue_run(bootstrap, self.topic, self.records, self.work, fail_rate))
 
     @property
     def p1_rounds(self) -> list[float]:
@@ -337,6 +373,11 @@ class Profile:
     def p2_rounds(self) -> list[float]:
         return [f.rate / c
                 for f, c in zip(self.failing, self.clean_before_failing, strict=True)]
+
+    @property
+    def p2_delay_queue_rounds(self) -> list[float]:
+        return [f.rate / c
+                for f, c in zip(self.failing_dq, self.clean_before_failing, strict=True)]
 
     @property
     def p2_with_retries_rounds(self) -> list[float]:
@@ -377,7 +418,7 @@ def main() -> int:
     # P1's runs are short and the machine's speed drifts from one second to the next: its
     # median is taken over twice as many pairs as the other figures' rounds.
     trivial = Profile(work, records, pairs=2)
-    working = Profile(make_work(args.handler_us), working_records)
+    working = Profile(make_work(args.handler_us), working_records, delay_queue=True)
 
     broker = None if args.bootstrap else DevBroker("noida-db").start(timeout_s=60)
     bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
@@ -409,7 +450,8 @@ def main() -> int:
         "p2_with_retries": round(statistics.median(working.p2_with_retries_rounds), 3),
         "p3_p50_ms": round(percentile(lateness, 0.50), 1),
         "p3_p99_ms": round(percentile(lateness, 0.99), 1),
-        "early": sum(run.early for p in (trivial, working) for run in p.failing) + paced.early,
+        "early": sum(run.early for p in (trivial, working)
+                     for run in [*p.failing, *p.failing_dq]) + paced.early,
         "handler_us": args.handler_us,
         "p1_working": round(statistics.median(working.p1_rounds), 3),
         "p2_trivial": round(statistics.median(trivial.p2_rounds), 3),
@@ -417,6 +459,7 @@ def main() -> int:
                                          args.fail_rate),
         "p3_backlog_p50_ms": round(percentile(backlog_lateness, 0.50), 1),
         "p3_backlog_p99_ms": round(percentile(backlog_lateness, 0.99), 1),
+        "p2_delayqueue": round(statistics.median(working.p2_delay_queue_rounds), 3),
     }
     pct = f"{args.fail_rate:.0%}"
     us = f"{args.handler_us:g} us"
@@ -433,6 +476,9 @@ def main() -> int:
         ("P2 the same, until the last retry handled", f"{figures['p2_with_retries']:.3f}", "",
          f"rounds {spread(working.p2_with_retries_rounds)}; includes waiting out the last "
          f"retries' {BACKOFF_MS} ms backoff"),
+        (f"P2 through DelayQueue, {pct} failing / none", f"{figures['p2_delayqueue']:.3f}",
+         ">= 0.85", f"{statistics.median(r.rate for r in working.failing_dq):,.0f} / "
+         f"{working.clean_rate:,.0f} rec/s; rounds {spread(working.p2_delay_queue_rounds)}"),
         (f"P2 blocking in place, {us}", f"{figures['p2_blocking']:.3f}", "",
          f"{blocking_rate:,.0f} / {working.raw_rate:,.0f} rec/s"),
         ("P2 redrive, trivial handler", f"{figures['p2_trivial']:.3f}", "",
