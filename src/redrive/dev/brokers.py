@@ -30,6 +30,7 @@ from typing import Any, Literal, cast, get_args
 from confluent_kafka import KafkaException
 
 from redrive import kafka
+from redrive.dev.lifetime import tied_to_parent
 from redrive.dev.ports import HOST, free_port, port_in_use
 from redrive.errors import BrokerUnavailable, RedriveError
 from redrive.signals import stop_on_signals
@@ -93,13 +94,6 @@ def broker_command(kind: Kind, binary: Path, port: int, data_dir: Path) -> list[
     listener = f"tcp://{HOST}:{port}"
     return [str(binary), "broker", "--listener-url", listener,
             "--advertised-listener-url", listener]
-
-
-def _death_signal_prefix() -> list[str]:
-    # The kernel then sends SIGTERM to the broker when its parent dies, even by SIGKILL, which
-    # atexit handlers cannot cover. setpriv keeps the broker's pid (it execs the command).
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return [setpriv, "--pdeathsig", "SIGTERM", "--"] if setpriv else []
 
 
 _RUNNING: set[DevBroker] = set()
@@ -219,7 +213,7 @@ class DevBroker:
             log.flush()
             # A new session keeps a terminal's Ctrl-C away from the broker: its owner stops it.
             self._process = subprocess.Popen(
-                _death_signal_prefix() + command, stdin=subprocess.DEVNULL, stdout=log,
+                tied_to_parent(command), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, cwd=self.data_dir, start_new_session=True)
         _RUNNING.add(self)
 

@@ -20,7 +20,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from redrive.dev.lifetime import tied_to_parent
 from redrive.dev.ports import HOST, free_port, port_in_use
 from redrive.errors import RedriveError
 
@@ -84,14 +84,6 @@ def port_accepts(port: int, timeout_s: float = 0.5) -> bool:
         return probe.connect_ex((HOST, port)) == 0
 
 
-def _death_signal_prefix() -> list[str]:
-    # The kernel then sends SIGTERM to the JVM when its parent dies, even by SIGKILL, which
-    # atexit handlers cannot cover. setpriv keeps the pid (it execs the command, as do Spark's
-    # launcher scripts, so the setting reaches java).
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return [setpriv, "--pdeathsig", "SIGTERM", "--"] if setpriv else []
-
-
 _RUNNING: set[SparkProcess] = set()
 
 
@@ -137,7 +129,7 @@ class SparkProcess:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {self.command_line}\n".encode())
             log.flush()
             self._process = subprocess.Popen(
-                _death_signal_prefix() + self.command, stdin=subprocess.DEVNULL, stdout=log,
+                tied_to_parent(self.command), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env, start_new_session=True)
         _RUNNING.add(self)
 
