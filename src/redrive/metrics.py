@@ -135,6 +135,9 @@ class Metrics:
         self._brake_trips = Counter("redrive_brake_trips",
                                     "Times the dead-letter brake stopped a partition",
                                     [*base, "topic"], registry=self.registry)
+        self._reclaimed = Counter("redrive_reclaimed",
+                                  "Stored retries republished after their lease ran out",
+                                  base, registry=self.registry)
         self._oldest = Gauge("redrive_oldest_pending_retry_seconds",
                              "Age of the oldest retry waiting to become due", base,
                              registry=self.registry)
@@ -169,6 +172,9 @@ class Metrics:
 
     def forwarded(self, topic: str, count: int = 1) -> None:
         self._child(self._forwarded, topic).inc(count)
+
+    def reclaimed(self, count: int) -> None:
+        self._reclaimed.labels(self.runtime, self.group).inc(count)
 
     def retried_in_place(self, topic: str, count: int = 1) -> None:
         self._child(self._in_place, topic).inc(count)

@@ -84,17 +84,20 @@ def _narrowed(where: RowFilter, action: str) -> RowFilter:
 @click.option("--idle", "idle_s", type=float, default=0.05, show_default=True,
               help="Seconds to wait between passes when nothing more is due.")
 @click.option("--webhook", default=None, help="POST each record that dies to this URL (JSON).")
+@click.option("--lease", "lease", default="10m", show_default=True,
+              help="How long a republished retry may stay unreported before it is republished "
+                   "again (e.g. 90s, 10m).")
 @metrics_port_option
 @click.pass_context
 def run_command(ctx: click.Context, bootstrap: str, batch_size: int, idle_s: float,
-                webhook: str | None, metrics_port: int | None) -> None:
+                webhook: str | None, lease: str, metrics_port: int | None) -> None:
     """Republish due retries until SIGTERM or Ctrl-C (run several to share the work on
     PostgreSQL)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     store = _open(ctx)
     try:
         scheduler = Scheduler(store, bootstrap, batch_size=batch_size, idle_s=idle_s,
-                              webhook=webhook)
+                              webhook=webhook, lease_s=to_ms(lease, "--lease") / 1000)
         if metrics_port is not None:
             scheduler.metrics.serve(metrics_port)
         scheduler.run()

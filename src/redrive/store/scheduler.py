@@ -9,6 +9,11 @@ A crash after the broker acknowledged a copy and before the commit leaves the ro
 next pass publishes it again: at most one duplicate per crash, carrying the same original
 topic/partition/offset and attempt, which is how the consuming runtime recognises and skips it.
 A reference whose record Kafka no longer has (retention, compaction) dies with reason `expired`.
+
+A row in flight holds a lease of `lease_s`: if its copy is not reported handled by then (the copy
+was lost to retention, an offset reset or a deleted topic, or the group never came back), a
+scheduler makes it pending again and the next pass republishes it. So nothing stays in flight
+for good, and no operator has to requeue it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ DEFAULT_BATCH = 500
 DEFAULT_IDLE_S = 0.05
 ERROR_PAUSE_S = 1.0
 ORPHAN_SWEEP_S = 30.0
+# Long enough for a consuming group's ordinary lag and restarts: a lease that runs out while a
+# slow copy still waits to be read only costs a second copy.
+DEFAULT_LEASE_S = 600.0
 # A record read back is read alone: the broker should answer at once.
 READER_OVERRIDES: Mapping[str, Any] = {"fetch.wait.max.ms": 10}
 
@@ -63,23 +71,28 @@ class Scheduler:
 
     on_dead: hooks called once per record that died (see `redrive.store.notify`); webhook: a URL
         that receives each as a JSON POST.
+    lease_s: how long a row stays in flight, its copy unreported, before it is republished.
     """
 
     def __init__(self, store: RetryStore, connection: kafka.Connection, *,
                  batch_size: int = DEFAULT_BATCH, idle_s: float = DEFAULT_IDLE_S,
                  on_dead: Sequence[DeadHook] = (), webhook: str | None = None,
                  producer_config: Mapping[str, Any] | None = None,
-                 metrics: Metrics | None = None, timeout_s: float = 30.0) -> None:
+                 metrics: Metrics | None = None, timeout_s: float = 30.0,
+                 lease_s: float = DEFAULT_LEASE_S) -> None:
         if not isinstance(store, RetryStore):
             raise InvalidArgument("store", store, "must be a RetryStore")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgument("batch_size", batch_size, "must be an integer >= 1")
         if not idle_s > 0:
             raise InvalidArgument("idle_s", idle_s, "must be > 0")
+        if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not lease_s > 0:
+            raise InvalidArgument("lease_s", lease_s, "must be a number of seconds > 0")
         self.store = store
         self.batch_size = batch_size
         self.idle_s = float(idle_s)
         self.timeout_s = timeout_s
+        self.lease_s = float(lease_s)
         self.metrics = metrics if metrics is not None else Metrics("scheduler", "store")
         hooks: list[DeadHook] = list(on_dead)
         if webhook:
@@ -105,6 +118,16 @@ class Scheduler:
                                           else max(0, now_ms() - oldest) / 1000)
         notified = self.notifier.deliver(self.store)
         return Pass(published, expired, notified, tuple(lateness))
+
+    def reclaim(self) -> int:
+        """Make pending again the rows whose lease ran out (see the module's doc); return how
+        many."""
+        reclaimed = self.store.reclaim_expired(round(self.lease_s * 1000))
+        if reclaimed:
+            log.warning("%d stored retr%s in flight for over %gs without being handled: "
+                        "republishing", reclaimed, "y" if reclaimed == 1 else "ies", self.lease_s)
+            self.metrics.reclaimed(reclaimed)
+        return reclaimed
 
     def _dispatch(self, batch: DueBatch) -> tuple[int, int, list[int]]:
         if not batch.rows:
@@ -195,11 +218,17 @@ class Scheduler:
         took is lost, since its rows stay pending.
         """
         sweep_at = time.monotonic() + ORPHAN_SWEEP_S
+        # Checked a few times per lease, so a row comes back soon after its lease runs out.
+        reclaim_every_s = min(ORPHAN_SWEEP_S, self.lease_s / 4)
+        reclaim_at = time.monotonic()
         self.start()
         try:
             with stop_on_signals(self.stop):
                 while not self._stopping.is_set():
                     try:
+                        if time.monotonic() >= reclaim_at:
+                            self.reclaim()
+                            reclaim_at = time.monotonic() + reclaim_every_s
                         done = self.run_once()
                         if time.monotonic() >= sweep_at:
                             self.store.release_orphans()

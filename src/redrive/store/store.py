@@ -296,6 +296,22 @@ class RetryStore:
                 conn.execute(update(retries).where(retries.c.id.in_(batch.done))
                              .values(notified_ms=now_ms()))
 
+    def reclaim_expired(self, lease_ms: int, at_ms: int | None = None) -> int:
+        """Make pending again the in-flight rows whose copy went out at least `lease_ms` ago and
+        was never reported handled (a copy lost to retention, an offset reset or a deleted
+        topic), so that the next pass republishes them; return how many.
+
+        Their due time is kept: they are that late, and come first. A copy that was only slow
+        and is handled after this is handled once more from the new copy only if that one is
+        read before the row is marked succeeded: at least once, never lost.
+        """
+        at = now_ms() if at_ms is None else at_ms
+        with self._begin() as conn:
+            result = conn.execute(update(retries).where(
+                retries.c.status == IN_FLIGHT, retries.c.dispatched_ms <= at - lease_ms)
+                .values(status=PENDING, updated_ms=at))
+            return int(result.rowcount)
+
     def release_orphans(self, at_ms: int | None = None) -> int:
         """Release the first parked record of keys with nothing else active (a safety net for
         a head removed by hand, e.g. purged); return how many were released."""
