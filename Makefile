@@ -6,7 +6,7 @@ PY = .venv/bin/python
 VENV_STAMP = .venv/.installed-from-pyproject
 LINT_PATHS = $(wildcard src tests bench demo)
 
-.PHONY: .venv librdkafka tools postgres test demo lint typecheck pytest unit integration clean
+.PHONY: .venv librdkafka tools postgres browser test demo lint typecheck pytest unit integration clean
 
 .venv: $(VENV_STAMP)
 
@@ -37,7 +37,15 @@ postgres:
 	  $$sudo apt-get update && \
 	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql; }
 
-test: .venv tools postgres lint typecheck pytest
+# Debian's chromium, which the console's browser tests drive through Playwright (no browser is
+# downloaded: Playwright is pointed at this one).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  sudo=$$(test "$$(id -u)" -eq 0 || echo sudo); \
+	  $$sudo apt-get update && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
+test: .venv tools postgres browser lint typecheck pytest
 
 lint: .venv
 	$(PY) -m ruff check $(LINT_PATHS)
@@ -45,13 +53,13 @@ lint: .venv
 typecheck: .venv
 	$(PY) -m mypy
 
-pytest: .venv tools postgres
+pytest: .venv tools postgres browser
 	$(PY) -m pytest -q
 
 unit: .venv
 	$(PY) -m pytest -q tests/unit
 
-integration: .venv tools postgres
+integration: .venv tools postgres browser
 	$(PY) -m pytest -q tests/integration
 
 # The project's main job: a PySpark retry pipeline on the embedded broker (see README).

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from redrive.cli.console import ui_command
 from redrive.cli.delay import delay_command
 from redrive.cli.dev import dev_broker
 from redrive.cli.ops import dlt, resume_command, stats_command
@@ -33,7 +34,7 @@ def cli() -> None:
 
 
 for command in (topics_group, delay_command, dlt, stats_command, resume_command, store_command,
-                dev_broker):
+                ui_command, dev_broker):
     cli.add_command(command)
 
 

@@ -1,0 +1,29 @@
+"""`redrive ui`: the operations console, a web page over the dead letters and their replay."""
+
+from __future__ import annotations
+
+import click
+
+from redrive.cli.options import bootstrap_option
+
+
+@click.command("ui")
+@bootstrap_option
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on: only this machine unless told otherwise.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@click.option("--token", envvar="REDRIVE_UI_TOKEN", default=None,
+              help="Replays need this token; without one the console is read-only "
+                   "[env: REDRIVE_UI_TOKEN].")
+def ui_command(bootstrap: str, host: str, port: int, token: str | None) -> None:
+    """Serve the operations console (dead letters, their causes, replay) until Ctrl-C."""
+    try:
+        import uvicorn
+
+        from redrive.ops.console import create_app
+    except ImportError as exc:
+        raise click.ClickException(f"the console needs redrive's `ui` extra "
+                                   f"(pip install 'redrive[ui]'): {exc}") from exc
+    click.echo(f"redrive console on http://{host}:{port}/ "
+               f"({'replay enabled' if token else 'read-only: no --token'})")
+    uvicorn.run(create_app(bootstrap, token=token), host=host, port=port, log_level="warning")

@@ -1,0 +1,365 @@
+"""The operations console (`redrive ui`): one web page over the dead-letter, replay and stats
+tools of this room, for the on-call engineer who wants to see what fails and replay it.
+
+Server-rendered pages (Jinja2, which escapes everything read from Kafka) and a JSON API beside
+them, documented by FastAPI at /docs. Reading needs nothing; a replay needs the token the server
+was started with, typed into the form or sent as `Authorization: Bearer <token>`: a server
+started without one is read-only. The token is never kept in a cookie, so a page of another site
+cannot make a browser replay anything (and a form post from another origin is refused as well).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from confluent_kafka import KafkaException
+from fastapi import FastAPI, Form, Header, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, Field
+
+from redrive import kafka, topics
+from redrive.clock import now_ms
+from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
+from redrive.ops.deadletters import (
+    DeadLetterFilter,
+    DeadLetterRecord,
+    Reader,
+    make_filter,
+    parse_coordinates,
+    text,
+)
+from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, replay
+from redrive.ops.stats import discover_retry_topics
+
+PAGE_SIZE = 50
+_DLT_SUFFIX = f"{topics.SEPARATOR}dlt"
+TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
+# Numbers, hex ids and UUIDs vary between failures of one cause: a fingerprint leaves them out.
+_VARYING = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}\b|\b0x[0-9a-fA-F]+\b|\d+")
+
+
+
+def _ms_time(ms: int | None) -> str:
+    if ms is None or ms < 0:
+        return ""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _query(filters: dict[str, str], **changes: Any) -> str:
+    return urlencode({k: v for k, v in {**filters, **changes}.items() if v})
+
+
+TEMPLATES.env.filters.update(ms_time=_ms_time, as_text=text, query=_query)
+
+def fingerprint(error_type: str | None, message: str | None) -> str:
+    """What failures of one cause share: the error type and the message without its numbers
+    and ids."""
+    return f"{error_type or '?'}: {_VARYING.sub('#', message or '')}"
+
+
+@dataclass(frozen=True)
+class DeadLetterTopic:
+    name: str
+    topic: str | None  # the main topic and group, when the name follows redrive's naming
+    group: str | None
+    records: int
+
+
+@dataclass(frozen=True)
+class Group:
+    fingerprint: str
+    count: int
+    first_ms: int
+    last_ms: int
+
+
+class ReplayRequest(BaseModel):
+    dlt: str = Field(description="The dead-letter topic to replay from.")
+    records: list[str] = Field(default=[], description="PARTITION:OFFSET of each record; "
+                               "empty: every record the filter selects.")
+    reason: str | None = None
+    error_type: str | None = None
+    fingerprint: str | None = None
+    since: str | None = Field(default=None, description="A duration (2h) or an ISO time.")
+    to: str = Field(default=TO_ORIGINAL, description="'original' or 'retry' (the group's "
+                    "first retry topic).")
+    dry_run: bool = True
+    rate: str | None = Field(default=None, description="Records per second, e.g. 50/s.")
+
+
+class Console:
+    """What the pages and the API read and do, over one cluster."""
+
+    def __init__(self, connection: kafka.Connection, *, token: str | None,
+                 timeout_s: float = 10.0) -> None:
+        self.connection = connection
+        self.token = token or None
+        self.timeout_s = timeout_s
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def dead_letter_topics(self) -> list[DeadLetterTopic]:
+        counts = kafka.topic_partitions(kafka.admin(self.connection), self.timeout_s)
+        names = sorted(name for name in counts if name.endswith(_DLT_SUFFIX))
+        consumer = kafka.consumer(self.connection)
+        try:
+            found = []
+            for name in names:
+                size = 0
+                for partition in range(counts[name]):
+                    low, high = kafka.watermarks(consumer, name, partition, self.timeout_s)
+                    size += high - low
+                stem = name[:-len(_DLT_SUFFIX)]
+                topic, _, group = stem.rpartition(topics.SEPARATOR)
+                found.append(DeadLetterTopic(name, topic or None, group if topic else None, size))
+            return found
+        finally:
+            consumer.close()
+
+    def letters(self, dlt: str, *, reason: str | None = None, error_type: str | None = None,
+                since: str | None = None, contains: str | None = None,
+                fingerprint_is: str | None = None) -> list[DeadLetterRecord]:
+        """The records of `dlt` the filter selects, newest first."""
+        selection = make_filter(reasons=[reason] if reason else [],
+                                error_types=[error_type] if error_type else [], since=since)
+        found = [letter for letter in Reader(self.connection, dlt, self.timeout_s)
+                 .records(selection)
+                 if _contains(letter, contains)
+                 and (not fingerprint_is or _fingerprint_of(letter) == fingerprint_is)]
+        found.sort(key=lambda letter: (letter.record.timestamp_ms, letter.record.offset),
+                   reverse=True)
+        return found
+
+    def one(self, dlt: str, partition: int, offset: int) -> DeadLetterRecord:
+        return Reader(self.connection, dlt, self.timeout_s).one(partition, offset)
+
+    # --- replaying -----------------------------------------------------------------------------
+
+    def check_token(self, given: str | None) -> None:
+        if self.token is None:
+            raise HTTPException(403, "this console is read-only: start it with --token "
+                                     "(or REDRIVE_UI_TOKEN) to replay")
+        if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise HTTPException(401, "a replay needs the console's token")
+
+    def replay(self, request: ReplayRequest) -> ReplayReport:
+        coordinates = frozenset(parse_coordinates(value) for value in request.records)
+        chosen = self.letters(request.dlt, reason=request.reason, error_type=request.error_type,
+                              since=request.since, fingerprint_is=request.fingerprint)
+        if coordinates:
+            chosen = [letter for letter in chosen
+                      if (letter.record.partition, letter.record.offset) in coordinates]
+        to_topic = None
+        if request.to == TO_RETRY:
+            to_topic = self._first_retry_topic(request.dlt)
+        elif request.to != TO_ORIGINAL:
+            raise InvalidArgument("to", request.to, f"expected {TO_ORIGINAL!r} or {TO_RETRY!r}")
+        selection = DeadLetterFilter(coordinates=frozenset(
+            (letter.record.partition, letter.record.offset) for letter in chosen))
+        if not chosen:
+            return ReplayReport(dry_run=request.dry_run)
+        return replay(self.connection, request.dlt, to=request.to, to_topic=to_topic,
+                      selection=selection, dry_run=request.dry_run, rate=request.rate,
+                      actor="redrive ui", timeout_s=self.timeout_s)
+
+    def _first_retry_topic(self, dlt: str) -> str:
+        stem = dlt[:-len(_DLT_SUFFIX)] if dlt.endswith(_DLT_SUFFIX) else ""
+        topic, _, group = stem.rpartition(topics.SEPARATOR)
+        if not topic:
+            raise InvalidArgument("to", TO_RETRY, f"{dlt} is not named <topic>.<group>.dlt, so "
+                                  "its group's retry topics are unknown: replay to 'original'")
+        existing = kafka.topic_partitions(kafka.admin(self.connection), self.timeout_s)
+        found = discover_retry_topics(existing, topic, group)
+        if not found:
+            raise InvalidArgument("to", TO_RETRY, f"group {group} of {topic} has no retry topic "
+                                  "on the cluster: replay to 'original'")
+        return found[0]
+
+
+def _contains(letter: DeadLetterRecord, needle: str | None) -> bool:
+    if not needle:
+        return True
+    record = letter.record
+    return (needle in (text(record.key) or "") or needle in (text(record.value) or "")
+            or any(needle in name or needle in (text(value) or "")
+                   for name, value in record.headers))
+
+
+def _fingerprint_of(letter: DeadLetterRecord) -> str:
+    return fingerprint(letter.error_type, letter.error_message)
+
+
+def groups_of(letters: list[DeadLetterRecord]) -> list[Group]:
+    """The letters grouped by fingerprint, largest group first."""
+    counts: Counter[str] = Counter()
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for letter in letters:
+        key = _fingerprint_of(letter)
+        counts[key] += 1
+        at = letter.record.timestamp_ms
+        first[key] = min(first.get(key, at), at)
+        last[key] = max(last.get(key, at), at)
+    return [Group(key, count, first[key], last[key]) for key, count in counts.most_common()]
+
+
+def value_view(raw: bytes | None) -> tuple[str, str]:
+    """How a record's value is shown: ('json', pretty text), ('text', text) or ('hex', hex)."""
+    if raw is None:
+        return "text", ""
+    try:
+        decoded = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "hex", raw.hex(" ")
+    try:
+        return "json", json.dumps(json.loads(decoded), indent=2, ensure_ascii=False)
+    except ValueError:
+        return "text", decoded
+
+
+def report_json(report: ReplayReport) -> dict[str, Any]:
+    return {"dry_run": report.dry_run, "selected": report.selected,
+            "planned": [{"source": list(source), "to": to} for source, to in report.planned],
+            "replayed": [{"source": list(r.source), "destination": list(r.destination)}
+                         for r in report.replayed],
+            "already_replayed": [list(source) for source in report.already],
+            "skipped": [{"source": list(s.source), "why": s.why} for s in report.skipped]}
+
+
+def create_app(connection: kafka.Connection, *, token: str | None = None,
+               timeout_s: float = 10.0) -> FastAPI:
+    """The console's web app; serve it with uvicorn (`redrive ui` does)."""
+    console = Console(connection, token=token, timeout_s=timeout_s)
+    app = FastAPI(title="redrive console", version="1",
+                  description="Dead letters of a Kafka cluster, and their replay.")
+
+    def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        return TEMPLATES.TemplateResponse(request, name, {"writable": console.token is not None,
+                                                          **context}, status_code=status)
+
+    def problem(request: Request, error: Exception, status: int) -> HTMLResponse:
+        return page(request, "problem.html", status, message=str(error))
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def overview(request: Request) -> HTMLResponse:
+        try:
+            found = console.dead_letter_topics()
+        except (KafkaException, RedriveError) as exc:
+            return page(request, "overview.html", 503, topics=[], down=str(exc))
+        return page(request, "overview.html", topics=found, down=None)
+
+    @app.get("/api/dead-letter-topics")
+    def api_topics() -> list[dict[str, Any]]:
+        """Every dead-letter topic on the cluster, with its main topic, group and size."""
+        try:
+            return [vars(found) for found in console.dead_letter_topics()]
+        except (KafkaException, RedriveError) as exc:
+            raise HTTPException(503, f"the cluster cannot be read: {exc}") from exc
+
+    @app.get("/dead-letters/{dlt}", response_class=HTMLResponse, include_in_schema=False)
+    def dead_letters(request: Request, dlt: str, reason: str = "", error_type: str = "",
+                     since: str = "", q: str = "", fp: str = "",
+                     page_number: Annotated[int, Query(alias="page", ge=1)] = 1
+                     ) -> HTMLResponse:
+        filters = {"reason": reason, "error_type": error_type, "since": since, "q": q, "fp": fp}
+        try:
+            found = console.letters(dlt, reason=reason or None, error_type=error_type or None,
+                                    since=since or None, contains=q or None,
+                                    fingerprint_is=fp or None)
+        except UnknownTopic as exc:
+            return problem(request, exc, 404)
+        except InvalidArgument as exc:
+            return problem(request, exc, 400)
+        start = (page_number - 1) * PAGE_SIZE
+        return page(request, "dead_letters.html", dlt=dlt, filters=filters,
+                    letters=found[start:start + PAGE_SIZE], total=len(found),
+                    page=page_number, pages=max(1, -(-len(found) // PAGE_SIZE)),
+                    groups=groups_of(found), now=now_ms())
+
+    @app.get("/api/dead-letters/{dlt}")
+    def api_dead_letters(dlt: str, reason: str | None = None, error_type: str | None = None,
+                         since: str | None = None, q: str | None = None,
+                         fingerprint_is: Annotated[str | None, Query(alias="fp")] = None,
+                         page_number: Annotated[int, Query(alias="page", ge=1)] = 1
+                         ) -> dict[str, Any]:
+        """A page of the topic's records, newest first, and the fingerprint groups of all that
+        the filter selects."""
+        try:
+            found = console.letters(dlt, reason=reason, error_type=error_type, since=since,
+                                    contains=q, fingerprint_is=fingerprint_is)
+        except UnknownTopic as exc:
+            raise HTTPException(404, str(exc)) from exc
+        except InvalidArgument as exc:
+            raise HTTPException(400, str(exc)) from exc
+        at = now_ms()
+        start = (page_number - 1) * PAGE_SIZE
+        return {"total": len(found), "page": page_number,
+                "records": [letter.to_json(at) for letter in found[start:start + PAGE_SIZE]],
+                "groups": [vars(group) for group in groups_of(found)]}
+
+    @app.get("/dead-letters/{dlt}/{partition}/{offset}", response_class=HTMLResponse,
+             include_in_schema=False)
+    def record(request: Request, dlt: str, partition: int, offset: int) -> HTMLResponse:
+        try:
+            letter = console.one(dlt, partition, offset)
+        except UnknownTopic as exc:
+            return problem(request, exc, 404)
+        except InvalidArgument as exc:
+            return problem(request, exc, 404)
+        kind, shown = value_view(letter.record.value)
+        return page(request, "record.html", dlt=dlt, letter=letter,
+                    details=letter.to_json(now_ms(), full=True), value_kind=kind, value=shown)
+
+    @app.post("/dead-letters/{dlt}/replay", response_class=HTMLResponse,
+              include_in_schema=False)
+    def replay_form(request: Request, dlt: str, token: Annotated[str, Form()] = "",
+                    records: Annotated[str, Form()] = "", reason: Annotated[str, Form()] = "",
+                    error_type: Annotated[str, Form()] = "", since: Annotated[str, Form()] = "",
+                    fp: Annotated[str, Form()] = "", to: Annotated[str, Form()] = TO_ORIGINAL,
+                    dry_run: Annotated[str, Form()] = "", rate: Annotated[str, Form()] = "",
+                    origin: Annotated[str | None, Header()] = None) -> HTMLResponse:
+        if origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/"):
+            return problem(request, PermissionError(f"a replay form from {origin} is refused"),
+                           403)
+        try:
+            console.check_token(token)
+        except HTTPException as exc:
+            return problem(request, PermissionError(exc.detail), exc.status_code)
+        wanted = ReplayRequest(dlt=dlt, records=records.split() if records else [],
+                               reason=reason or None, error_type=error_type or None,
+                               fingerprint=fp or None, since=since or None, to=to,
+                               dry_run=bool(dry_run), rate=rate or None)
+        try:
+            report = console.replay(wanted)
+        except UnknownTopic as exc:
+            return problem(request, exc, 404)
+        except RedriveError as exc:
+            return problem(request, exc, 400)
+        return page(request, "replayed.html", dlt=dlt, report=report, wanted=wanted)
+
+    @app.post("/api/replay")
+    def api_replay(wanted: ReplayRequest,
+                   authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        """Replay a selection of a dead-letter topic (a dry run unless dry_run is false),
+        through the same idempotent, audited replay log as `redrive dlt replay`. Needs
+        `Authorization: Bearer <token>`."""
+        given = authorization[7:] if authorization and authorization.startswith("Bearer ") \
+            else None
+        console.check_token(given)
+        try:
+            return report_json(console.replay(wanted))
+        except UnknownTopic as exc:
+            raise HTTPException(404, str(exc)) from exc
+        except RedriveError as exc:
+            raise HTTPException(400, str(exc)) from exc
+
+    return app

@@ -1,0 +1,151 @@
+"""The operations console's pages and JSON API on noida-db (FastAPI's TestClient): dead letters
+written by a real consumer, listed, filtered, grouped by cause and shown; a replay's dry run and
+the replay itself, which needs the token; escaping; bad input and a broker that is down."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from redrive import headers as h
+from redrive.consumer import RetryingConsumer
+from redrive.ops.console import create_app, fingerprint
+from redrive.ops.replay import read_log
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Record
+
+from ..consumer.conftest import FAST_GROUP, Running, read_all, wait_until
+from .conftest import produce_records, topic_sizes
+
+NewTopic = Callable[..., str]
+UniqueName = Callable[..., str]
+Start = Callable[[RetryingConsumer], Running]
+TOKEN = "s3cret-token"
+
+
+class BadOrder(Exception):
+    pass
+
+
+def reject(record: Record) -> None:
+    value = record.value or b""
+    if value.startswith(b"bad"):
+        raise BadOrder(f"order {value.decode()} has no lines (id 0x{len(value):x})")
+    if value.startswith(b"<"):
+        raise ValueError("markup is not an order")
+
+
+@pytest.fixture
+def dead_letters(bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+                 running: Start) -> Iterator[tuple[str, str, str]]:
+    """(main topic, group, dead-letter topic) holding 6 dead letters: five BadOrder (exhausted:
+    one attempt), one ValueError (not retryable) whose value is markup."""
+    topic, group = new_topic(), unique_name("console")
+    policy = RetryPolicy(backoff=Backoff.fixed("100ms"), attempts=1, not_retryable=ValueError)
+    produce_records(bootstrap, topic, [(b"k%d" % i, b"bad-%d" % i, [("trace-id", b"t%d" % i)])
+                                       for i in range(5)]
+                    + [(b"k9", b"ok", []), (b"k5", b"<script>alert(1)</script>", [])])
+    run = running(RetryingConsumer(bootstrap, topic, group, policy, reject, config=FAST_GROUP))
+    wait_until(lambda: run.total("redrive_dead_lettered_total") == 6, 30, "6 dead letters")
+    yield topic, group, f"{topic}.{group}.dlt"
+
+
+def client(bootstrap: str, token: str | None = TOKEN) -> TestClient:
+    return TestClient(create_app(bootstrap, token=token, timeout_s=5.0))
+
+
+def test_pages_list_filter_group_and_show_dead_letters(
+        bootstrap: str, dead_letters: tuple[str, str, str]) -> None:
+    topic, group, dlt = dead_letters
+    web = client(bootstrap)
+    listed = {t["name"]: t for t in web.get("/api/dead-letter-topics").json()}
+    assert listed[dlt] == {"name": dlt, "topic": topic, "group": group, "records": 6}
+    assert dlt in web.get("/").text
+
+    everything = web.get(f"/api/dead-letters/{dlt}").json()
+    assert everything["total"] == 6
+    stamps = [r["timestamp_ms"] for r in everything["records"]]
+    assert stamps == sorted(stamps, reverse=True)  # newest first
+    groups = {g["fingerprint"]: g["count"] for g in everything["groups"]}
+    bad = fingerprint(f"{__name__}.BadOrder", "order bad-0 has no lines (id 0x5)")
+    assert groups == {bad: 5, "ValueError: markup is not an order": 1}
+
+    only_bad = web.get(f"/api/dead-letters/{dlt}", params={"fp": bad}).json()
+    assert only_bad["total"] == 5
+    by_type = web.get(f"/api/dead-letters/{dlt}", params={"error_type": "ValueError"}).json()
+    assert [r["key"] for r in by_type["records"]] == ["k5"]
+    by_header = web.get(f"/api/dead-letters/{dlt}", params={"q": "t3"}).json()
+    assert [r["key"] for r in by_header["records"]] == ["k3"]
+    assert web.get(f"/api/dead-letters/{dlt}", params={"reason": "exhausted"}).json()[
+        "total"] == 5
+    assert [r["key"] for r in web.get(f"/api/dead-letters/{dlt}", params={
+        "reason": "not-retryable"}).json()["records"]] == ["k5"]
+    page = web.get(f"/dead-letters/{dlt}", params={"q": "bad-2"})
+    assert page.status_code == 200 and ">1</span> record(s)" in page.text
+
+    markup = by_type["records"][0]
+    shown = web.get(f"/dead-letters/{dlt}/{markup['partition']}/{markup['offset']}")
+    assert shown.status_code == 200
+    assert "<script>alert(1)</script>" not in shown.text  # read from Kafka, shown as text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in shown.text
+    assert h.ORIGINAL_TOPIC in shown.text and "markup is not an order" in shown.text
+
+
+def test_a_replay_needs_the_token_and_runs_through_the_replay_log(
+        bootstrap: str, dead_letters: tuple[str, str, str]) -> None:
+    topic, _, dlt = dead_letters
+    web = client(bootstrap)
+    wanted = {"dlt": dlt, "error_type": "BadOrder", "to": "original"}
+    assert web.post("/api/replay", json=wanted).status_code == 401
+    assert web.post("/api/replay", json=wanted,
+                    headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client(bootstrap, token=None).post(
+        "/api/replay", json=wanted, headers={"Authorization": f"Bearer {TOKEN}"}
+    ).status_code == 403  # started without a token: read-only
+    refused = web.post(f"/dead-letters/{dlt}/replay", data={"token": TOKEN, "dry_run": "1"},
+                       headers={"Origin": "http://evil.example"})
+    assert refused.status_code == 403
+    assert topic_sizes(bootstrap, topic)[topic] == 7
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    dry = web.post("/api/replay", json=wanted, headers=auth).json()
+    assert (dry["dry_run"], dry["selected"], len(dry["planned"])) == (True, 5, 5)
+    assert topic_sizes(bootstrap, topic)[topic] == 7 and read_log(bootstrap, dlt) == {}
+
+    done = web.post("/api/replay", json={**wanted, "dry_run": False}, headers=auth).json()
+    assert len(done["replayed"]) == 5 and {d["destination"][0] for d in done["replayed"]} == {
+        topic}
+    copies = read_all(bootstrap, topic, expect=12, timeout_s=20)[7:]
+    assert sorted(c.value for c in copies) == [b"bad-%d" % i for i in range(5)]
+    assert len(read_log(bootstrap, dlt)) == 5
+    # The same five again (the consumer, still failing them, has meanwhile dead-lettered the
+    # copies anew: those are other records), by their coordinates: the log says they are done.
+    same = [f"{p}:{o}" for (_, p, o) in (d["source"] for d in done["replayed"])]
+    again = web.post("/api/replay", json={**wanted, "records": same, "dry_run": False},
+                     headers=auth).json()
+    assert (len(again["replayed"]), len(again["already_replayed"])) == (0, 5)
+
+
+def test_bad_input_gets_a_clear_message(bootstrap: str, unique_name: UniqueName,
+                                        dead_letters: tuple[str, str, str]) -> None:
+    _, _, dlt = dead_letters
+    web = client(bootstrap)
+    missing = unique_name("nothing") + ".dlt"
+    page = web.get(f"/dead-letters/{missing}")
+    assert page.status_code == 404 and missing in page.text and "Traceback" not in page.text
+    assert web.get(f"/api/dead-letters/{missing}").status_code == 404
+    since = web.get(f"/api/dead-letters/{dlt}", params={"since": "yesterday-ish"})
+    assert since.status_code == 400 and "since" in since.json()["detail"]
+    assert web.get(f"/dead-letters/{dlt}/0/999999").status_code == 404
+    to = web.post("/api/replay", json={"dlt": dlt, "to": "elsewhere"},
+                  headers={"Authorization": f"Bearer {TOKEN}"})
+    assert to.status_code == 400 and "elsewhere" in to.json()["detail"]
+
+
+def test_a_broker_that_is_down_shows_as_down() -> None:
+    web = client("127.0.0.1:1")
+    page = web.get("/")
+    assert page.status_code == 503 and 'id="broker-down"' in page.text
+    assert web.get("/api/dead-letter-topics").status_code == 503
