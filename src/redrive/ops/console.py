@@ -153,20 +153,24 @@ class Console:
 
     def replay(self, request: ReplayRequest) -> ReplayReport:
         coordinates = frozenset(parse_coordinates(value) for value in request.records)
-        chosen = self.letters(request.dlt, reason=request.reason, error_type=request.error_type,
-                              since=request.since, fingerprint_is=request.fingerprint)
-        if coordinates:
-            chosen = [letter for letter in chosen
-                      if (letter.record.partition, letter.record.offset) in coordinates]
         to_topic = None
         if request.to == TO_RETRY:
             to_topic = self._first_retry_topic(request.dlt)
         elif request.to != TO_ORIGINAL:
             raise InvalidArgument("to", request.to, f"expected {TO_ORIGINAL!r} or {TO_RETRY!r}")
-        selection = DeadLetterFilter(coordinates=frozenset(
-            (letter.record.partition, letter.record.offset) for letter in chosen))
-        if not chosen:
-            return ReplayReport(dry_run=request.dry_run)
+        if coordinates and not (request.reason or request.error_type or request.since
+                                or request.fingerprint):
+            # Named records only: replay reads just their offsets, not the whole topic.
+            selection = DeadLetterFilter(coordinates=coordinates)
+        else:
+            chosen = [(letter.record.partition, letter.record.offset) for letter in self.letters(
+                request.dlt, reason=request.reason, error_type=request.error_type,
+                since=request.since, fingerprint_is=request.fingerprint)]
+            if coordinates:
+                chosen = [place for place in chosen if place in coordinates]
+            if not chosen:
+                return ReplayReport(dry_run=request.dry_run)
+            selection = DeadLetterFilter(coordinates=frozenset(chosen))
         return replay(self.connection, request.dlt, to=request.to, to_topic=to_topic,
                       selection=selection, dry_run=request.dry_run, rate=request.rate,
                       actor="redrive ui", timeout_s=self.timeout_s)
