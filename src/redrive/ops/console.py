@@ -41,6 +41,9 @@ from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, replay
 from redrive.ops.stats import discover_retry_topics
 
 PAGE_SIZE = 50
+# Records per partition read first when a page is asked for; each further step reads four times
+# as many, further back.
+FIRST_STEP = 500
 _DLT_SUFFIX = f"{topics.SEPARATOR}dlt"
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
 # Numbers, hex ids and UUIDs vary between failures of one cause: a fingerprint leaves them out.
@@ -82,6 +85,27 @@ class Group:
     last_ms: int
 
 
+@dataclass(frozen=True)
+class View:
+    """A page of a dead-letter topic's records that a filter selects, newest first.
+
+    The topic is read from its end backwards, in growing steps, only until the page is filled
+    (and no unread record can be newer than the page's last), unless `everything` was asked: so
+    a first page of a large topic comes at once. `matched` and `groups` then count the part read
+    (`read` records of `size`); `complete` says whether that was the whole topic.
+    """
+
+    letters: list[DeadLetterRecord]
+    matched: int
+    groups: list[Group]
+    read: int
+    size: int
+
+    @property
+    def complete(self) -> bool:
+        return self.read >= self.size
+
+
 class ReplayRequest(BaseModel):
     dlt: str = Field(description="The dead-letter topic to replay from.")
     records: list[str] = Field(default=[], description="PARTITION:OFFSET of each record; "
@@ -89,6 +113,8 @@ class ReplayRequest(BaseModel):
     reason: str | None = None
     error_type: str | None = None
     fingerprint: str | None = None
+    contains: str | None = Field(default=None, description="A substring of the key, a header "
+                                 "or the value.")
     since: str | None = Field(default=None, description="A duration (2h) or an ISO time.")
     to: str = Field(default=TO_ORIGINAL, description="'original' or 'retry' (the group's "
                     "first retry topic).")
@@ -139,6 +165,54 @@ class Console:
                    reverse=True)
         return found
 
+    def view(self, dlt: str, *, page: int = 1, everything: bool = False,
+             reason: str | None = None, error_type: str | None = None,
+             since: str | None = None, contains: str | None = None,
+             fingerprint_is: str | None = None) -> View:
+        selection = make_filter(reasons=[reason] if reason else [],
+                                error_types=[error_type] if error_type else [], since=since)
+        reader = Reader(self.connection, dlt, self.timeout_s)
+        marks = reader.marks()
+        size = sum(high - low for low, high in marks.values())
+        wanted = page * PAGE_SIZE
+        ends = {partition: high for partition, (_, high) in marks.items()}
+        step = max(FIRST_STEP, wanted)
+        found: list[DeadLetterRecord] = []
+        boundary: dict[int, int] = {}  # partition -> timestamp of its oldest record read
+        read = 0
+        while True:
+            window = {partition: (max(marks[partition][0], end - step), end)
+                      for partition, end in ends.items() if end > marks[partition][0]}
+            if not window:
+                break
+            oldest: dict[int, tuple[int, int]] = {}  # partition -> (offset, timestamp)
+            for letter in reader.ranges(window):
+                record = letter.record
+                seen = oldest.get(record.partition)
+                if seen is None or record.offset < seen[0]:
+                    oldest[record.partition] = (record.offset, record.timestamp_ms)
+                if selection.matches(letter) and _contains(letter, contains) and (
+                        not fingerprint_is or _fingerprint_of(letter) == fingerprint_is):
+                    found.append(letter)
+            for partition, (start, end) in window.items():
+                read += end - start
+                ends[partition] = start
+                if partition in oldest:
+                    # Nothing unread of the partition is newer than its oldest record read.
+                    boundary[partition] = oldest[partition][1]
+            if everything:
+                continue
+            found.sort(key=_newest_first)
+            if len(found) >= wanted:
+                last = found[wanted - 1].record.timestamp_ms
+                if all(partition in boundary and boundary[partition] <= last
+                       for partition, end in ends.items() if end > marks[partition][0]):
+                    break
+            step *= 4
+        found.sort(key=_newest_first)
+        start = wanted - PAGE_SIZE
+        return View(found[start:wanted], len(found), groups_of(found), read, size)
+
     def one(self, dlt: str, partition: int, offset: int) -> DeadLetterRecord:
         return Reader(self.connection, dlt, self.timeout_s).one(partition, offset)
 
@@ -159,13 +233,14 @@ class Console:
         elif request.to != TO_ORIGINAL:
             raise InvalidArgument("to", request.to, f"expected {TO_ORIGINAL!r} or {TO_RETRY!r}")
         if coordinates and not (request.reason or request.error_type or request.since
-                                or request.fingerprint):
+                                or request.fingerprint or request.contains):
             # Named records only: replay reads just their offsets, not the whole topic.
             selection = DeadLetterFilter(coordinates=coordinates)
         else:
             chosen = [(letter.record.partition, letter.record.offset) for letter in self.letters(
                 request.dlt, reason=request.reason, error_type=request.error_type,
-                since=request.since, fingerprint_is=request.fingerprint)]
+                since=request.since, contains=request.contains,
+                fingerprint_is=request.fingerprint)]
             if coordinates:
                 chosen = [place for place in chosen if place in coordinates]
             if not chosen:
@@ -187,6 +262,11 @@ class Console:
             raise InvalidArgument("to", TO_RETRY, f"group {group} of {topic} has no retry topic "
                                   "on the cluster: replay to 'original'")
         return found[0]
+
+
+def _newest_first(letter: DeadLetterRecord) -> tuple[int, int, int]:
+    record = letter.record
+    return (-record.timestamp_ms, record.partition, -record.offset)
 
 
 def _contains(letter: DeadLetterRecord, needle: str | None) -> bool:
@@ -271,44 +351,47 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
 
     @app.get("/dead-letters/{dlt}", response_class=HTMLResponse, include_in_schema=False)
     def dead_letters(request: Request, dlt: str, reason: str = "", error_type: str = "",
-                     since: str = "", q: str = "", fp: str = "",
+                     since: str = "", q: str = "", fp: str = "", everything: str = "",
                      page_number: Annotated[int, Query(alias="page", ge=1)] = 1
                      ) -> HTMLResponse:
-        filters = {"reason": reason, "error_type": error_type, "since": since, "q": q, "fp": fp}
+        filters = {"reason": reason, "error_type": error_type, "since": since, "q": q, "fp": fp,
+                   "everything": everything}
         try:
-            found = console.letters(dlt, reason=reason or None, error_type=error_type or None,
-                                    since=since or None, contains=q or None,
-                                    fingerprint_is=fp or None)
+            shown = console.view(dlt, page=page_number, everything=bool(everything),
+                                 reason=reason or None, error_type=error_type or None,
+                                 since=since or None, contains=q or None,
+                                 fingerprint_is=fp or None)
         except UnknownTopic as exc:
             return problem(request, exc, 404)
         except InvalidArgument as exc:
             return problem(request, exc, 400)
-        start = (page_number - 1) * PAGE_SIZE
-        return page(request, "dead_letters.html", dlt=dlt, filters=filters,
-                    letters=found[start:start + PAGE_SIZE], total=len(found),
-                    page=page_number, pages=max(1, -(-len(found) // PAGE_SIZE)),
-                    groups=groups_of(found), now=now_ms())
+        return page(request, "dead_letters.html", dlt=dlt, filters=filters, view=shown,
+                    page=page_number, page_size=PAGE_SIZE, now=now_ms())
 
     @app.get("/api/dead-letters/{dlt}")
     def api_dead_letters(dlt: str, reason: str | None = None, error_type: str | None = None,
                          since: str | None = None, q: str | None = None,
                          fingerprint_is: Annotated[str | None, Query(alias="fp")] = None,
+                         everything: bool = False,
                          page_number: Annotated[int, Query(alias="page", ge=1)] = 1
                          ) -> dict[str, Any]:
-        """A page of the topic's records, newest first, and the fingerprint groups of all that
-        the filter selects."""
+        """A page of the records the filter selects, newest first, and their groups by cause.
+        The topic is read from its end only as far as the page needs (`complete`: the whole
+        topic was read; `matched` and `groups` count what was read), all of it with
+        everything=true."""
         try:
-            found = console.letters(dlt, reason=reason, error_type=error_type, since=since,
-                                    contains=q, fingerprint_is=fingerprint_is)
+            shown = console.view(dlt, page=page_number, everything=everything, reason=reason,
+                                 error_type=error_type, since=since, contains=q,
+                                 fingerprint_is=fingerprint_is)
         except UnknownTopic as exc:
             raise HTTPException(404, str(exc)) from exc
         except InvalidArgument as exc:
             raise HTTPException(400, str(exc)) from exc
         at = now_ms()
-        start = (page_number - 1) * PAGE_SIZE
-        return {"total": len(found), "page": page_number,
-                "records": [letter.to_json(at) for letter in found[start:start + PAGE_SIZE]],
-                "groups": [vars(group) for group in groups_of(found)]}
+        return {"matched": shown.matched, "complete": shown.complete, "read": shown.read,
+                "size": shown.size, "page": page_number,
+                "records": [letter.to_json(at) for letter in shown.letters],
+                "groups": [vars(group) for group in shown.groups]}
 
     @app.get("/dead-letters/{dlt}/{partition}/{offset}", response_class=HTMLResponse,
              include_in_schema=False)
@@ -328,7 +411,8 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
     def replay_form(request: Request, dlt: str, token: Annotated[str, Form()] = "",
                     records: Annotated[str, Form()] = "", reason: Annotated[str, Form()] = "",
                     error_type: Annotated[str, Form()] = "", since: Annotated[str, Form()] = "",
-                    fp: Annotated[str, Form()] = "", to: Annotated[str, Form()] = TO_ORIGINAL,
+                    fp: Annotated[str, Form()] = "", q: Annotated[str, Form()] = "",
+                    to: Annotated[str, Form()] = TO_ORIGINAL,
                     dry_run: Annotated[str, Form()] = "", rate: Annotated[str, Form()] = "",
                     origin: Annotated[str | None, Header()] = None) -> HTMLResponse:
         if origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/"):
@@ -340,7 +424,8 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
             return problem(request, PermissionError(exc.detail), exc.status_code)
         wanted = ReplayRequest(dlt=dlt, records=records.split() if records else [],
                                reason=reason or None, error_type=error_type or None,
-                               fingerprint=fp or None, since=since or None, to=to,
+                               fingerprint=fp or None, contains=q or None,
+                               since=since or None, to=to,
                                dry_run=bool(dry_run), rate=rate or None)
         try:
             report = console.replay(wanted)

@@ -8,7 +8,7 @@ one bad record never hides the rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -242,6 +242,32 @@ class Reader:
         selection = selection or DeadLetterFilter()
         for message in read_topic(self.connection, self.topic, self._partitions,
                                   idle_s=self.timeout_s, narrow=selection.offsets):
+            letter = DeadLetterRecord.of(consumed(message))
+            if selection.matches(letter):
+                yield letter
+
+    def marks(self) -> dict[int, tuple[int, int]]:
+        """Each partition's [low, high) offsets now."""
+        consumer = kafka.consumer(self.connection)
+        try:
+            return {partition: kafka.watermarks(consumer, self.topic, partition, self.timeout_s)
+                    for partition in range(self._partitions)}
+        finally:
+            consumer.close()
+
+    def ranges(self, wanted: Mapping[int, tuple[int, int]],
+               selection: DeadLetterFilter | None = None) -> Iterator[DeadLetterRecord]:
+        """The records of [start, end) of each partition in `wanted` that `selection` matches."""
+        selection = selection or DeadLetterFilter()
+
+        def narrow(partition: int, low: int, high: int) -> tuple[int, int] | None:
+            if partition not in wanted:
+                return None
+            start, end = max(low, wanted[partition][0]), min(high, wanted[partition][1])
+            return (start, end) if end > start else None
+
+        for message in read_topic(self.connection, self.topic, self._partitions,
+                                  idle_s=self.timeout_s, narrow=narrow):
             letter = DeadLetterRecord.of(consumed(message))
             if selection.matches(letter):
                 yield letter

@@ -65,7 +65,7 @@ def test_pages_list_filter_group_and_show_dead_letters(
     assert dlt in web.get("/").text
 
     everything = web.get(f"/api/dead-letters/{dlt}").json()
-    assert everything["total"] == 6
+    assert (everything["matched"], everything["complete"], everything["size"]) == (6, True, 6)
     stamps = [r["timestamp_ms"] for r in everything["records"]]
     assert stamps == sorted(stamps, reverse=True)  # newest first
     groups = {g["fingerprint"]: g["count"] for g in everything["groups"]}
@@ -73,13 +73,13 @@ def test_pages_list_filter_group_and_show_dead_letters(
     assert groups == {bad: 5, "ValueError: markup is not an order": 1}
 
     only_bad = web.get(f"/api/dead-letters/{dlt}", params={"fp": bad}).json()
-    assert only_bad["total"] == 5
+    assert only_bad["matched"] == 5
     by_type = web.get(f"/api/dead-letters/{dlt}", params={"error_type": "ValueError"}).json()
     assert [r["key"] for r in by_type["records"]] == ["k5"]
     by_header = web.get(f"/api/dead-letters/{dlt}", params={"q": "t3"}).json()
     assert [r["key"] for r in by_header["records"]] == ["k3"]
     assert web.get(f"/api/dead-letters/{dlt}", params={"reason": "exhausted"}).json()[
-        "total"] == 5
+        "matched"] == 5
     assert [r["key"] for r in web.get(f"/api/dead-letters/{dlt}", params={
         "reason": "not-retryable"}).json()["records"]] == ["k5"]
     page = web.get(f"/dead-letters/{dlt}", params={"q": "bad-2"})
@@ -149,3 +149,23 @@ def test_a_broker_that_is_down_shows_as_down() -> None:
     page = web.get("/")
     assert page.status_code == 503 and 'id="broker-down"' in page.text
     assert web.get("/api/dead-letter-topics").status_code == 503
+
+
+def test_a_large_topic_is_read_from_its_end_only_as_far_as_the_page_needs(
+        bootstrap: str, new_topic: NewTopic) -> None:
+    dlt = new_topic(partitions=1)
+    produce_records(bootstrap, dlt, [(None, b"v-%d" % i, []) for i in range(2_500)])
+    web = client(bootstrap)
+    first = web.get(f"/api/dead-letters/{dlt}").json()
+    assert (first["complete"], first["read"], first["size"]) == (False, 500, 2_500)
+    assert [r["offset"] for r in first["records"]] == list(range(2_499, 2_449, -1))
+    second = web.get(f"/api/dead-letters/{dlt}", params={"page": 2}).json()
+    assert [r["offset"] for r in second["records"]] == list(range(2_449, 2_399, -1))
+    # A filter whose newest match lies further back reads back as far as it.
+    ones = web.get(f"/api/dead-letters/{dlt}", params={"q": "v-1"}).json()
+    assert [r["offset"] for r in ones["records"]][:2] == [1_999, 1_998]
+    assert ones["complete"] and ones["matched"] == 1 + 10 + 100 + 1_000
+    whole = web.get(f"/api/dead-letters/{dlt}", params={"everything": "true"}).json()
+    assert (whole["complete"], whole["matched"]) == (True, 2_500)
+    page = web.get(f"/dead-letters/{dlt}")
+    assert "At least" in page.text and 'id="read-all"' in page.text
