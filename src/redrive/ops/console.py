@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from redrive import kafka, topics
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
+from redrive.ops import stats
 from redrive.ops.deadletters import (
     DeadLetterFilter,
     DeadLetterRecord,
@@ -37,7 +38,7 @@ from redrive.ops.deadletters import (
     parse_coordinates,
     text,
 )
-from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, replay
+from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, log_key, read_log, replay
 from redrive.ops.stats import discover_retry_topics
 
 PAGE_SIZE = 50
@@ -61,7 +62,18 @@ def _query(filters: dict[str, str], **changes: Any) -> str:
     return urlencode({k: v for k, v in {**filters, **changes}.items() if v})
 
 
-TEMPLATES.env.filters.update(ms_time=_ms_time, as_text=text, query=_query)
+def _age(ms: int) -> str:
+    """5s, 1m 5s, 1h 1m, 1d 1h: the two largest units."""
+    seconds = max(0, ms) // 1000
+    units = (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1))
+    for index, (name, size) in enumerate(units[:-1]):
+        if seconds >= size:
+            smaller, small_size = units[index + 1]
+            return f"{seconds // size}{name} {seconds % size // small_size}{smaller}"
+    return f"{seconds}s"
+
+
+TEMPLATES.env.filters.update(ms_time=_ms_time, as_text=text, query=_query, age=_age)
 
 def fingerprint(error_type: str | None, message: str | None) -> str:
     """What failures of one cause share: the error type and the message without its numbers
@@ -75,6 +87,22 @@ class DeadLetterTopic:
     topic: str | None  # the main topic and group, when the name follows redrive's naming
     group: str | None
     records: int
+
+
+@dataclass(frozen=True)
+class GroupHealth:
+    """One group's retries and dead letters for one main topic, as the overview shows them."""
+
+    topic: str
+    group: str
+    dead_letter_topic: str
+    lag: int | None  # main topic: end minus committed; None before the group's first commit
+    waiting_retries: int  # records in the group's retry topics it has not finished
+    retry_topics: int
+    oldest_waiting_ms: int | None  # the timestamp of the oldest of them
+    next_due_ms: int | None
+    dead_letters: int
+    problem: str | None = None  # why the group's figures could not be read
 
 
 @dataclass(frozen=True)
@@ -150,6 +178,31 @@ class Console:
             return found
         finally:
             consumer.close()
+
+    def health(self, found: DeadLetterTopic) -> GroupHealth:
+        """The figures of `redrive stats` for the group a dead-letter topic belongs to."""
+        if found.topic is None or found.group is None:
+            return GroupHealth("", "", found.name, None, 0, 0, None, None, found.records,
+                               "not named <topic>.<group>.dlt")
+        try:
+            rows = stats.collect(self.connection, found.topic, found.group,
+                                 timeout_s=self.timeout_s)
+        except (KafkaException, RedriveError) as exc:
+            return GroupHealth(found.topic, found.group, found.name, None, 0, 0, None, None,
+                               found.records, str(exc))
+        main = [row for row in rows if row.role == stats.MAIN]
+        retries = [row for row in rows if row.role == stats.RETRY]
+        oldest = [row.oldest_ms for row in retries if row.oldest_ms is not None]
+        dues = [row.next_due_ms for row in retries if row.next_due_ms is not None]
+        return GroupHealth(found.topic, found.group, found.name,
+                           main[0].lag if main else None, sum(r.waiting for r in retries),
+                           len(retries), min(oldest, default=None), min(dues, default=None),
+                           found.records)
+
+    def replays(self, dlt: str | None = None) -> list[dict[str, Any]]:
+        """The replay log's entries (of one dead-letter topic, if given), newest first."""
+        entries = list(read_log(self.connection, dlt, self.timeout_s).values())
+        return sorted(entries, key=lambda entry: entry.get("when_ms", 0), reverse=True)
 
     def letters(self, dlt: str, *, reason: str | None = None, error_type: str | None = None,
                 since: str | None = None, contains: str | None = None,
@@ -338,8 +391,34 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         try:
             found = console.dead_letter_topics()
         except (KafkaException, RedriveError) as exc:
-            return page(request, "overview.html", 503, topics=[], down=str(exc))
-        return page(request, "overview.html", topics=found, down=None)
+            return page(request, "overview.html", 503, groups=[], down=str(exc))
+        return page(request, "overview.html", groups=[console.health(t) for t in found],
+                    down=None, now=now_ms())
+
+    @app.get("/api/groups")
+    def api_groups() -> list[dict[str, Any]]:
+        """Per group with a dead-letter topic: its main topic's lag, the records waiting in
+        its retry topics (the oldest, the next due), and its dead letters."""
+        try:
+            return [vars(console.health(found)) for found in console.dead_letter_topics()]
+        except (KafkaException, RedriveError) as exc:
+            raise HTTPException(503, f"the cluster cannot be read: {exc}") from exc
+
+    @app.get("/replays", response_class=HTMLResponse, include_in_schema=False)
+    def replays_page(request: Request, dlt: str = "") -> HTMLResponse:
+        try:
+            entries = console.replays(dlt or None)
+        except (KafkaException, RedriveError) as exc:
+            return problem(request, exc, 503)
+        return page(request, "replays.html", entries=entries, dlt=dlt)
+
+    @app.get("/api/replays")
+    def api_replays(dlt: str | None = None) -> list[dict[str, Any]]:
+        """The replay log (who replayed which record where, and when), newest first."""
+        try:
+            return console.replays(dlt)
+        except (KafkaException, RedriveError) as exc:
+            raise HTTPException(503, str(exc)) from exc
 
     @app.get("/api/dead-letter-topics")
     def api_topics() -> list[dict[str, Any]]:
@@ -403,7 +482,9 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         except InvalidArgument as exc:
             return problem(request, exc, 404)
         kind, shown = value_view(letter.record.value)
-        return page(request, "record.html", dlt=dlt, letter=letter,
+        replayed = read_log(console.connection, dlt, console.timeout_s).get(
+            log_key(dlt, partition, offset))
+        return page(request, "record.html", dlt=dlt, letter=letter, replayed=replayed,
                     details=letter.to_json(now_ms(), full=True), value_kind=kind, value=shown)
 
     @app.post("/dead-letters/{dlt}/replay", response_class=HTMLResponse,

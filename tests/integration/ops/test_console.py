@@ -63,6 +63,9 @@ def test_pages_list_filter_group_and_show_dead_letters(
     listed = {t["name"]: t for t in web.get("/api/dead-letter-topics").json()}
     assert listed[dlt] == {"name": dlt, "topic": topic, "group": group, "records": 6}
     assert dlt in web.get("/").text
+    health = {g["dead_letter_topic"]: g for g in web.get("/api/groups").json()}[dlt]
+    assert (health["topic"], health["group"], health["dead_letters"]) == (topic, group, 6)
+    assert (health["lag"], health["waiting_retries"], health["problem"]) == (0, 0, None)
 
     everything = web.get(f"/api/dead-letters/{dlt}").json()
     assert (everything["matched"], everything["complete"], everything["size"]) == (6, True, 6)
@@ -120,6 +123,14 @@ def test_a_replay_needs_the_token_and_runs_through_the_replay_log(
     copies = read_all(bootstrap, topic, expect=12, timeout_s=20)[7:]
     assert sorted(c.value for c in copies) == [b"bad-%d" % i for i in range(5)]
     assert len(read_log(bootstrap, dlt)) == 5
+    log = web.get("/api/replays", params={"dlt": dlt}).json()
+    assert len(log) == 5 and {e["who"] for e in log} == {"redrive ui"}
+    source = done["replayed"][0]["source"]
+    shown = web.get(f"/dead-letters/{dlt}/{source[1]}/{source[2]}").text
+    destination = done["replayed"][0]["destination"]
+    replayed = shown.split('id="replayed-before">', 1)[1].split("</p>", 1)[0]
+    assert destination[0] in replayed and f"{destination[1]}:{destination[2]}" in replayed
+    assert dlt in web.get("/replays").text
     # The same five again (the consumer, still failing them, has meanwhile dead-lettered the
     # copies anew: those are other records), by their coordinates: the log says they are done.
     same = [f"{p}:{o}" for (_, p, o) in (d["source"] for d in done["replayed"])]

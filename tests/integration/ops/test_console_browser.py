@@ -65,7 +65,7 @@ def test_click_through_to_a_replay(browser: Browser, console_url: str, bootstrap
     page.goto(console_url)
     row = page.locator("#topics tr", has_text=dlt)
     expect(row).to_contain_text(group)
-    expect(row.locator("td").nth(3)).to_have_text("6")
+    expect(row.locator("td").nth(7)).to_have_text("6")
     row.get_by_role("link").click()
 
     expect(page.locator("#total")).to_have_text("6")
