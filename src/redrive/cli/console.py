@@ -15,7 +15,11 @@ from redrive.cli.options import bootstrap_option
 @click.option("--token", envvar="REDRIVE_UI_TOKEN", default=None,
               help="Replays need this token; without one the console is read-only "
                    "[env: REDRIVE_UI_TOKEN].")
-def ui_command(bootstrap: str, host: str, port: int, token: str | None) -> None:
+@click.option("--store-url", envvar="REDRIVE_STORE_URL", default=None,
+              help="Also show the retry store (a SQLite path or a database URL) "
+                   "[env: REDRIVE_STORE_URL].")
+def ui_command(bootstrap: str, host: str, port: int, token: str | None,
+               store_url: str | None) -> None:
     """Serve the operations console (dead letters, their causes, replay) until Ctrl-C."""
     try:
         import uvicorn
@@ -26,4 +30,12 @@ def ui_command(bootstrap: str, host: str, port: int, token: str | None) -> None:
                                    f"(pip install 'redrive[ui]'): {exc}") from exc
     click.echo(f"redrive console on http://{host}:{port}/ "
                f"({'replay enabled' if token else 'read-only: no --token'})")
-    uvicorn.run(create_app(bootstrap, token=token), host=host, port=port, log_level="warning")
+    from redrive.store import RetryStore
+
+    store = RetryStore(store_url) if store_url else None
+    try:
+        uvicorn.run(create_app(bootstrap, token=token, store=store), host=host, port=port,
+                    log_level="warning")
+    finally:
+        if store is not None:
+            store.close()

@@ -40,6 +40,9 @@ from redrive.ops.deadletters import (
 )
 from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, log_key, read_log, replay
 from redrive.ops.stats import discover_retry_topics
+from redrive.store import RetryStore
+from redrive.store.rows import RowFilter
+from redrive.store.schema import DEAD, PENDING, STATUSES
 
 PAGE_SIZE = 50
 # Records per partition read first when a page is asked for; each further step reads four times
@@ -134,6 +137,12 @@ class View:
         return self.read >= self.size
 
 
+class StoreAction(BaseModel):
+    group: str
+    topic: str | None = None
+    status: str = Field(description="The rows acted on: 'dead' or 'pending'.")
+
+
 class ReplayRequest(BaseModel):
     dlt: str = Field(description="The dead-letter topic to replay from.")
     records: list[str] = Field(default=[], description="PARTITION:OFFSET of each record; "
@@ -154,9 +163,10 @@ class Console:
     """What the pages and the API read and do, over one cluster."""
 
     def __init__(self, connection: kafka.Connection, *, token: str | None,
-                 timeout_s: float = 10.0) -> None:
+                 store: RetryStore | None = None, timeout_s: float = 10.0) -> None:
         self.connection = connection
         self.token = token or None
+        self.store = store
         self.timeout_s = timeout_s
 
     # --- reading -------------------------------------------------------------------------------
@@ -198,6 +208,26 @@ class Console:
                            main[0].lag if main else None, sum(r.waiting for r in retries),
                            len(retries), min(oldest, default=None), min(dues, default=None),
                            found.records)
+
+    def store_rows(self) -> list[dict[str, Any]]:
+        """Rows of the retry store per group and topic, by status."""
+        if self.store is None:
+            raise InvalidArgument("store", None, "the console was started without --store-url")
+        return [{"group": group, "topic": topic, **{s: counts.get(s, 0) for s in STATUSES}}
+                for (group, topic), counts in sorted(self.store.counts_by_group().items())]
+
+    def store_act(self, action: str, wanted: StoreAction) -> int:
+        """Requeue a group's dead rows, or cancel its pending ones; return how many."""
+        if self.store is None:
+            raise InvalidArgument("store", None, "the console was started without --store-url")
+        where = RowFilter(group=wanted.group, topic=wanted.topic or None,
+                          statuses=(wanted.status,))
+        if action == "requeue" and wanted.status == DEAD:
+            return self.store.requeue(where)
+        if action == "cancel" and wanted.status == PENDING:
+            return self.store.cancel(where)
+        raise InvalidArgument("status", wanted.status, f"{action} acts on "
+                              f"{DEAD if action == 'requeue' else PENDING!r} rows")
 
     def replays(self, dlt: str | None = None) -> list[dict[str, Any]]:
         """The replay log's entries (of one dead-letter topic, if given), newest first."""
@@ -373,14 +403,16 @@ def report_json(report: ReplayReport) -> dict[str, Any]:
 
 
 def create_app(connection: kafka.Connection, *, token: str | None = None,
-               timeout_s: float = 10.0) -> FastAPI:
-    """The console's web app; serve it with uvicorn (`redrive ui` does)."""
-    console = Console(connection, token=token, timeout_s=timeout_s)
+               store: RetryStore | None = None, timeout_s: float = 10.0) -> FastAPI:
+    """The console's web app; serve it with uvicorn (`redrive ui` does). With `store`, it also
+    shows the retry store's rows and can requeue or cancel them."""
+    console = Console(connection, token=token, store=store, timeout_s=timeout_s)
     app = FastAPI(title="redrive console", version="1",
                   description="Dead letters of a Kafka cluster, and their replay.")
 
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         return TEMPLATES.TemplateResponse(request, name, {"writable": console.token is not None,
+                                                          "with_store": console.store is not None,
                                                           **context}, status_code=status)
 
     def problem(request: Request, error: Exception, status: int) -> HTMLResponse:
@@ -419,6 +451,55 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
             return console.replays(dlt)
         except (KafkaException, RedriveError) as exc:
             raise HTTPException(503, str(exc)) from exc
+
+    @app.get("/store", response_class=HTMLResponse, include_in_schema=False)
+    def store_page(request: Request) -> HTMLResponse:
+        try:
+            rows = console.store_rows()
+        except InvalidArgument as exc:
+            return problem(request, exc, 404)
+        except RedriveError as exc:
+            return problem(request, exc, 503)
+        return page(request, "store.html", rows=rows)
+
+    @app.post("/store/{action}", response_class=HTMLResponse, include_in_schema=False)
+    def store_form(request: Request, action: str, group: Annotated[str, Form()],
+                   status: Annotated[str, Form()], topic: Annotated[str, Form()] = "",
+                   token: Annotated[str, Form()] = "",
+                   origin: Annotated[str | None, Header()] = None) -> HTMLResponse:
+        if origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/"):
+            return problem(request, PermissionError(f"a form from {origin} is refused"), 403)
+        try:
+            console.check_token(token)
+        except HTTPException as exc:
+            return problem(request, PermissionError(exc.detail), exc.status_code)
+        try:
+            done = console.store_act(action, StoreAction(group=group, topic=topic or None,
+                                                         status=status))
+        except RedriveError as exc:
+            return problem(request, exc, 400)
+        return page(request, "store.html", rows=console.store_rows(),
+                    done=f"{action}: {done} row(s) of {group}")
+
+    @app.get("/api/store")
+    def api_store() -> list[dict[str, Any]]:
+        """The retry store's rows per group and topic, by status (with --store-url)."""
+        try:
+            return console.store_rows()
+        except InvalidArgument as exc:
+            raise HTTPException(404, str(exc)) from exc
+
+    @app.post("/api/store/{action}")
+    def api_store_act(action: str, wanted: StoreAction,
+                      authorization: Annotated[str | None, Header()] = None) -> dict[str, int]:
+        """`requeue` a group's dead rows or `cancel` its pending ones. Needs the token."""
+        given = authorization[7:] if authorization and authorization.startswith("Bearer ") \
+            else None
+        console.check_token(given)
+        try:
+            return {"rows": console.store_act(action, wanted)}
+        except RedriveError as exc:
+            raise HTTPException(400, str(exc)) from exc
 
     @app.get("/api/dead-letter-topics")
     def api_topics() -> list[dict[str, Any]]:

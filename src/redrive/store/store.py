@@ -344,6 +344,17 @@ class RetryStore:
         with self._begin(read_only=True) as conn:
             return {status: int(n) for status, n in conn.execute(query)}
 
+    def counts_by_group(self) -> dict[tuple[str, str], dict[str, int]]:
+        """Rows per (group, original topic) and status."""
+        c = retries.c
+        query = (select(c.group_id, c.topic, c.status, func.count())
+                 .group_by(c.group_id, c.topic, c.status))
+        out: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
+        with self._begin(read_only=True) as conn:
+            for group, topic, status, count in conn.execute(query):
+                out[(group, topic)][status] = int(count)
+        return dict(out)
+
     def oldest_pending_due_ms(self) -> int | None:
         """The earliest due time among pending rows (indexed: the scheduler asks every pass)."""
         query = select(func.min(retries.c.due_ms)).where(retries.c.status == PENDING)

@@ -5,16 +5,21 @@ the replay itself, which needs the token; escaping; bad input and a broker that 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from redrive import headers as h
+from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
 from redrive.ops.console import create_app, fingerprint
 from redrive.ops.replay import read_log
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
+from redrive.store import RetryStore
+from redrive.store.rows import Entry
+from redrive.store.schema import CANCELLED, DEAD, PENDING
 
 from ..consumer.conftest import FAST_GROUP, Running, read_all, wait_until
 from .conftest import produce_records, topic_sizes
@@ -180,3 +185,36 @@ def test_a_large_topic_is_read_from_its_end_only_as_far_as_the_page_needs(
     assert (whole["complete"], whole["matched"]) == (True, 2_500)
     page = web.get(f"/dead-letters/{dlt}")
     assert "At least" in page.text and 'id="read-all"' in page.text
+
+
+def test_the_store_page_counts_rows_and_requeues_or_cancels_with_the_token(
+        bootstrap: str, tmp_path: Path) -> None:
+    store = RetryStore(str(tmp_path / "store.db"))
+    try:
+        at = now_ms()
+        rows = [Entry(group="billing", topic="orders", partition=0, offset=o, timestamp_ms=at,
+                      key=None, mode="payload", value=b"v", headers=[], target=None, attempt=1,
+                      first_failure_ms=at, due_ms=at + 60_000,
+                      status=DEAD if o < 2 else PENDING, reason="exhausted" if o < 2 else None,
+                      error_type="app.Boom", error_message="boom", error_trace="",
+                      ordered=False) for o in range(5)]
+        store.write(rows, [])
+        web = TestClient(create_app(bootstrap, token=TOKEN, store=store, timeout_s=5.0))
+        listed = web.get("/api/store").json()
+        assert [(r["group"], r["topic"], r["dead"], r["pending"]) for r in listed] == [
+            ("billing", "orders", 2, 3)]
+        assert "Requeue dead" in web.get("/store").text
+        act = {"group": "billing", "status": DEAD}
+        assert web.post("/api/store/requeue", json=act).status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert web.post("/api/store/requeue", json=act, headers=auth).json() == {"rows": 2}
+        assert store.counts() == {PENDING: 5}
+        wrong = web.post("/api/store/cancel", json=act, headers=auth)
+        assert wrong.status_code == 400 and "status" in wrong.json()["detail"]
+        cancelled = web.post("/store/cancel", data={"group": "billing", "status": PENDING,
+                                                    "token": TOKEN})
+        assert cancelled.status_code == 200 and "cancel: 5 row(s) of billing" in cancelled.text
+        assert store.counts() == {CANCELLED: 5}
+        assert TestClient(create_app(bootstrap)).get("/api/store").status_code == 404
+    finally:
+        store.close()
