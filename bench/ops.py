@@ -32,7 +32,7 @@ from fastapi.testclient import TestClient
 
 from redrive import kafka
 from redrive.dev.brokers import DevBroker
-from redrive.ops.console import create_app
+from redrive.ops.web import create_app
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import NO_HISTORY, ErrorInfo, new_record
 from redrive.routing import DeadLetter, route

@@ -24,7 +24,7 @@ def ui_command(bootstrap: str, host: str, port: int, token: str | None,
     try:
         import uvicorn
 
-        from redrive.ops.console import create_app
+        from redrive.ops.web import create_app
     except ImportError as exc:
         raise click.ClickException(f"the console needs redrive's `ui` extra "
                                    f"(pip install 'redrive[ui]'): {exc}") from exc

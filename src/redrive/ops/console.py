@@ -1,12 +1,6 @@
-"""The operations console (`redrive ui`): one web page over the dead-letter, replay and stats
-tools of this room, for the on-call engineer who wants to see what fails and replay it.
-
-Server-rendered pages (Jinja2, which escapes everything read from Kafka) and a JSON API beside
-them, documented by FastAPI at /docs. Reading needs nothing; a replay needs the token the server
-was started with, typed into the form or sent as `Authorization: Bearer <token>`: a server
-started without one is read-only. The token is never kept in a cookie, so a page of another site
-cannot make a browser replay anything (and a form post from another origin is refused as well).
-"""
+"""What the operations console (`redrive ui`, served by `redrive.ops.web`) reads and does, over
+the dead-letter, replay, stats and store tools: the groups' health, pages of dead letters grouped
+by cause, replays and store actions, each checked against the console's token."""
 
 from __future__ import annotations
 
@@ -15,20 +9,14 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Annotated, Any
-from urllib.parse import urlencode
+from typing import Any
 
 from confluent_kafka import KafkaException
-from fastapi import FastAPI, Form, Header, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse
-from fastapi.templating import Jinja2Templates
+from fastapi import HTTPException
 from pydantic import BaseModel, Field
 
 from redrive import kafka, topics
-from redrive.clock import now_ms
-from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
+from redrive.errors import InvalidArgument, RedriveError
 from redrive.ops import stats
 from redrive.ops.deadletters import (
     DeadLetterFilter,
@@ -38,7 +26,7 @@ from redrive.ops.deadletters import (
     parse_coordinates,
     text,
 )
-from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, log_key, read_log, replay
+from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, read_log, replay
 from redrive.ops.stats import discover_retry_topics
 from redrive.store import RetryStore
 from redrive.store.rows import RowFilter
@@ -49,34 +37,9 @@ PAGE_SIZE = 50
 # as many, further back.
 FIRST_STEP = 500
 _DLT_SUFFIX = f"{topics.SEPARATOR}dlt"
-TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
 # Numbers, hex ids and UUIDs vary between failures of one cause: a fingerprint leaves them out.
 _VARYING = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}\b|\b0x[0-9a-fA-F]+\b|\d+")
 
-
-
-def _ms_time(ms: int | None) -> str:
-    if ms is None or ms < 0:
-        return ""
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _query(filters: dict[str, str], **changes: Any) -> str:
-    return urlencode({k: v for k, v in {**filters, **changes}.items() if v})
-
-
-def _age(ms: int) -> str:
-    """5s, 1m 5s, 1h 1m, 1d 1h: the two largest units."""
-    seconds = max(0, ms) // 1000
-    units = (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1))
-    for index, (name, size) in enumerate(units[:-1]):
-        if seconds >= size:
-            smaller, small_size = units[index + 1]
-            return f"{seconds // size}{name} {seconds % size // small_size}{smaller}"
-    return f"{seconds}s"
-
-
-TEMPLATES.env.filters.update(ms_time=_ms_time, as_text=text, query=_query, age=_age)
 
 def fingerprint(error_type: str | None, message: str | None) -> str:
     """What failures of one cause share: the error type and the message without its numbers
@@ -400,217 +363,3 @@ def report_json(report: ReplayReport) -> dict[str, Any]:
                          for r in report.replayed],
             "already_replayed": [list(source) for source in report.already],
             "skipped": [{"source": list(s.source), "why": s.why} for s in report.skipped]}
-
-
-def create_app(connection: kafka.Connection, *, token: str | None = None,
-               store: RetryStore | None = None, timeout_s: float = 10.0) -> FastAPI:
-    """The console's web app; serve it with uvicorn (`redrive ui` does). With `store`, it also
-    shows the retry store's rows and can requeue or cancel them."""
-    console = Console(connection, token=token, store=store, timeout_s=timeout_s)
-    app = FastAPI(title="redrive console", version="1",
-                  description="Dead letters of a Kafka cluster, and their replay.")
-
-    def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-        return TEMPLATES.TemplateResponse(request, name, {"writable": console.token is not None,
-                                                          "with_store": console.store is not None,
-                                                          **context}, status_code=status)
-
-    def problem(request: Request, error: Exception, status: int) -> HTMLResponse:
-        return page(request, "problem.html", status, message=str(error))
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def overview(request: Request) -> HTMLResponse:
-        try:
-            found = console.dead_letter_topics()
-        except (KafkaException, RedriveError) as exc:
-            return page(request, "overview.html", 503, groups=[], down=str(exc))
-        return page(request, "overview.html", groups=[console.health(t) for t in found],
-                    down=None, now=now_ms())
-
-    @app.get("/api/groups")
-    def api_groups() -> list[dict[str, Any]]:
-        """Per group with a dead-letter topic: its main topic's lag, the records waiting in
-        its retry topics (the oldest, the next due), and its dead letters."""
-        try:
-            return [vars(console.health(found)) for found in console.dead_letter_topics()]
-        except (KafkaException, RedriveError) as exc:
-            raise HTTPException(503, f"the cluster cannot be read: {exc}") from exc
-
-    @app.get("/replays", response_class=HTMLResponse, include_in_schema=False)
-    def replays_page(request: Request, dlt: str = "") -> HTMLResponse:
-        try:
-            entries = console.replays(dlt or None)
-        except (KafkaException, RedriveError) as exc:
-            return problem(request, exc, 503)
-        return page(request, "replays.html", entries=entries, dlt=dlt)
-
-    @app.get("/api/replays")
-    def api_replays(dlt: str | None = None) -> list[dict[str, Any]]:
-        """The replay log (who replayed which record where, and when), newest first."""
-        try:
-            return console.replays(dlt)
-        except (KafkaException, RedriveError) as exc:
-            raise HTTPException(503, str(exc)) from exc
-
-    @app.get("/store", response_class=HTMLResponse, include_in_schema=False)
-    def store_page(request: Request) -> HTMLResponse:
-        try:
-            rows = console.store_rows()
-        except InvalidArgument as exc:
-            return problem(request, exc, 404)
-        except RedriveError as exc:
-            return problem(request, exc, 503)
-        return page(request, "store.html", rows=rows)
-
-    @app.post("/store/{action}", response_class=HTMLResponse, include_in_schema=False)
-    def store_form(request: Request, action: str, group: Annotated[str, Form()],
-                   status: Annotated[str, Form()], topic: Annotated[str, Form()] = "",
-                   token: Annotated[str, Form()] = "",
-                   origin: Annotated[str | None, Header()] = None) -> HTMLResponse:
-        if origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/"):
-            return problem(request, PermissionError(f"a form from {origin} is refused"), 403)
-        try:
-            console.check_token(token)
-        except HTTPException as exc:
-            return problem(request, PermissionError(exc.detail), exc.status_code)
-        try:
-            done = console.store_act(action, StoreAction(group=group, topic=topic or None,
-                                                         status=status))
-        except RedriveError as exc:
-            return problem(request, exc, 400)
-        return page(request, "store.html", rows=console.store_rows(),
-                    done=f"{action}: {done} row(s) of {group}")
-
-    @app.get("/api/store")
-    def api_store() -> list[dict[str, Any]]:
-        """The retry store's rows per group and topic, by status (with --store-url)."""
-        try:
-            return console.store_rows()
-        except InvalidArgument as exc:
-            raise HTTPException(404, str(exc)) from exc
-
-    @app.post("/api/store/{action}")
-    def api_store_act(action: str, wanted: StoreAction,
-                      authorization: Annotated[str | None, Header()] = None) -> dict[str, int]:
-        """`requeue` a group's dead rows or `cancel` its pending ones. Needs the token."""
-        given = authorization[7:] if authorization and authorization.startswith("Bearer ") \
-            else None
-        console.check_token(given)
-        try:
-            return {"rows": console.store_act(action, wanted)}
-        except RedriveError as exc:
-            raise HTTPException(400, str(exc)) from exc
-
-    @app.get("/api/dead-letter-topics")
-    def api_topics() -> list[dict[str, Any]]:
-        """Every dead-letter topic on the cluster, with its main topic, group and size."""
-        try:
-            return [vars(found) for found in console.dead_letter_topics()]
-        except (KafkaException, RedriveError) as exc:
-            raise HTTPException(503, f"the cluster cannot be read: {exc}") from exc
-
-    @app.get("/dead-letters/{dlt}", response_class=HTMLResponse, include_in_schema=False)
-    def dead_letters(request: Request, dlt: str, reason: str = "", error_type: str = "",
-                     since: str = "", q: str = "", fp: str = "", everything: str = "",
-                     page_number: Annotated[int, Query(alias="page", ge=1)] = 1
-                     ) -> HTMLResponse:
-        filters = {"reason": reason, "error_type": error_type, "since": since, "q": q, "fp": fp,
-                   "everything": everything}
-        try:
-            shown = console.view(dlt, page=page_number, everything=bool(everything),
-                                 reason=reason or None, error_type=error_type or None,
-                                 since=since or None, contains=q or None,
-                                 fingerprint_is=fp or None)
-        except UnknownTopic as exc:
-            return problem(request, exc, 404)
-        except InvalidArgument as exc:
-            return problem(request, exc, 400)
-        return page(request, "dead_letters.html", dlt=dlt, filters=filters, view=shown,
-                    page=page_number, page_size=PAGE_SIZE, now=now_ms())
-
-    @app.get("/api/dead-letters/{dlt}")
-    def api_dead_letters(dlt: str, reason: str | None = None, error_type: str | None = None,
-                         since: str | None = None, q: str | None = None,
-                         fingerprint_is: Annotated[str | None, Query(alias="fp")] = None,
-                         everything: bool = False,
-                         page_number: Annotated[int, Query(alias="page", ge=1)] = 1
-                         ) -> dict[str, Any]:
-        """A page of the records the filter selects, newest first, and their groups by cause.
-        The topic is read from its end only as far as the page needs (`complete`: the whole
-        topic was read; `matched` and `groups` count what was read), all of it with
-        everything=true."""
-        try:
-            shown = console.view(dlt, page=page_number, everything=everything, reason=reason,
-                                 error_type=error_type, since=since, contains=q,
-                                 fingerprint_is=fingerprint_is)
-        except UnknownTopic as exc:
-            raise HTTPException(404, str(exc)) from exc
-        except InvalidArgument as exc:
-            raise HTTPException(400, str(exc)) from exc
-        at = now_ms()
-        return {"matched": shown.matched, "complete": shown.complete, "read": shown.read,
-                "size": shown.size, "page": page_number,
-                "records": [letter.to_json(at) for letter in shown.letters],
-                "groups": [vars(group) for group in shown.groups]}
-
-    @app.get("/dead-letters/{dlt}/{partition}/{offset}", response_class=HTMLResponse,
-             include_in_schema=False)
-    def record(request: Request, dlt: str, partition: int, offset: int) -> HTMLResponse:
-        try:
-            letter = console.one(dlt, partition, offset)
-        except UnknownTopic as exc:
-            return problem(request, exc, 404)
-        except InvalidArgument as exc:
-            return problem(request, exc, 404)
-        kind, shown = value_view(letter.record.value)
-        replayed = read_log(console.connection, dlt, console.timeout_s).get(
-            log_key(dlt, partition, offset))
-        return page(request, "record.html", dlt=dlt, letter=letter, replayed=replayed,
-                    details=letter.to_json(now_ms(), full=True), value_kind=kind, value=shown)
-
-    @app.post("/dead-letters/{dlt}/replay", response_class=HTMLResponse,
-              include_in_schema=False)
-    def replay_form(request: Request, dlt: str, token: Annotated[str, Form()] = "",
-                    records: Annotated[str, Form()] = "", reason: Annotated[str, Form()] = "",
-                    error_type: Annotated[str, Form()] = "", since: Annotated[str, Form()] = "",
-                    fp: Annotated[str, Form()] = "", q: Annotated[str, Form()] = "",
-                    to: Annotated[str, Form()] = TO_ORIGINAL,
-                    dry_run: Annotated[str, Form()] = "", rate: Annotated[str, Form()] = "",
-                    origin: Annotated[str | None, Header()] = None) -> HTMLResponse:
-        if origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/"):
-            return problem(request, PermissionError(f"a replay form from {origin} is refused"),
-                           403)
-        try:
-            console.check_token(token)
-        except HTTPException as exc:
-            return problem(request, PermissionError(exc.detail), exc.status_code)
-        wanted = ReplayRequest(dlt=dlt, records=records.split() if records else [],
-                               reason=reason or None, error_type=error_type or None,
-                               fingerprint=fp or None, contains=q or None,
-                               since=since or None, to=to,
-                               dry_run=bool(dry_run), rate=rate or None)
-        try:
-            report = console.replay(wanted)
-        except UnknownTopic as exc:
-            return problem(request, exc, 404)
-        except RedriveError as exc:
-            return problem(request, exc, 400)
-        return page(request, "replayed.html", dlt=dlt, report=report, wanted=wanted)
-
-    @app.post("/api/replay")
-    def api_replay(wanted: ReplayRequest,
-                   authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
-        """Replay a selection of a dead-letter topic (a dry run unless dry_run is false),
-        through the same idempotent, audited replay log as `redrive dlt replay`. Needs
-        `Authorization: Bearer <token>`."""
-        given = authorization[7:] if authorization and authorization.startswith("Bearer ") \
-            else None
-        console.check_token(given)
-        try:
-            return report_json(console.replay(wanted))
-        except UnknownTopic as exc:
-            raise HTTPException(404, str(exc)) from exc
-        except RedriveError as exc:
-            raise HTTPException(400, str(exc)) from exc
-
-    return app

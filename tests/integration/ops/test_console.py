@@ -13,8 +13,9 @@ from fastapi.testclient import TestClient
 from redrive import headers as h
 from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
-from redrive.ops.console import create_app, fingerprint
+from redrive.ops.console import fingerprint
 from redrive.ops.replay import read_log
+from redrive.ops.web import create_app
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore

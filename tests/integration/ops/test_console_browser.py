@@ -19,7 +19,7 @@ import uvicorn
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from redrive.dev.ports import HOST, free_port
-from redrive.ops.console import create_app
+from redrive.ops.web import create_app
 
 from ..consumer.conftest import read_all
 from .conftest import topic_sizes
