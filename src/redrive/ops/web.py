@@ -62,6 +62,17 @@ def _age(ms: int) -> str:
 TEMPLATES.env.filters.update(ms_time=_ms_time, as_text=text, query=_query, age=_age)
 
 
+def _cross_site(request: Request, origin: str | None) -> bool:
+    """Whether a form was posted from a page of another origin (browsers send Origin)."""
+    return origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/")
+
+
+def _bearer(authorization: str | None) -> str | None:
+    prefix = "Bearer "
+    return authorization[len(prefix):] if authorization and authorization.startswith(prefix) \
+        else None
+
+
 def create_app(connection: kafka.Connection, *, token: str | None = None,
                store: RetryStore | None = None, timeout_s: float = 10.0) -> FastAPI:
     """The console's web app; serve it with uvicorn (`redrive ui` does). With `store`, it also
@@ -127,7 +138,7 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
                    status: Annotated[str, Form()], topic: Annotated[str, Form()] = "",
                    token: Annotated[str, Form()] = "",
                    origin: Annotated[str | None, Header()] = None) -> HTMLResponse:
-        if origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/"):
+        if _cross_site(request, origin):
             return problem(request, PermissionError(f"a form from {origin} is refused"), 403)
         try:
             console.check_token(token)
@@ -153,9 +164,7 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
     def api_store_act(action: str, wanted: StoreAction,
                       authorization: Annotated[str | None, Header()] = None) -> dict[str, int]:
         """`requeue` a group's dead rows or `cancel` its pending ones. Needs the token."""
-        given = authorization[7:] if authorization and authorization.startswith("Bearer ") \
-            else None
-        console.check_token(given)
+        console.check_token(_bearer(authorization))
         try:
             return {"rows": console.store_act(action, wanted)}
         except RedriveError as exc:
@@ -237,9 +246,8 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
                     to: Annotated[str, Form()] = TO_ORIGINAL,
                     dry_run: Annotated[str, Form()] = "", rate: Annotated[str, Form()] = "",
                     origin: Annotated[str | None, Header()] = None) -> HTMLResponse:
-        if origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/"):
-            return problem(request, PermissionError(f"a replay form from {origin} is refused"),
-                           403)
+        if _cross_site(request, origin):
+            return problem(request, PermissionError(f"a form from {origin} is refused"), 403)
         try:
             console.check_token(token)
         except HTTPException as exc:
@@ -263,9 +271,7 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         """Replay a selection of a dead-letter topic (a dry run unless dry_run is false),
         through the same idempotent, audited replay log as `redrive dlt replay`. Needs
         `Authorization: Bearer <token>`."""
-        given = authorization[7:] if authorization and authorization.startswith("Bearer ") \
-            else None
-        console.check_token(given)
+        console.check_token(_bearer(authorization))
         try:
             return report_json(console.replay(wanted))
         except UnknownTopic as exc:
