@@ -119,7 +119,7 @@ class RetryPipeline:
         self._stopping = threading.Event()
         self._running = False
         self._partitions: dict[str, int] = {}
-        self._ledger_at: int | None = None
+        self._follower: ledger.Follower | None = None
 
     # --- set-up ------------------------------------------------------------------------------
 
@@ -176,7 +176,8 @@ class RetryPipeline:
         frame = self.stream()
         if self.transform is not None:
             self._check_transform(frame)
-        self._ledger_at = _ledger_end(self.connection, self.group)
+        self._close_follower()
+        self._follower = ledger.Follower(self.connection, ledger.ledger_topic(self.group))
         writer = (frame.writeStream.foreachBatch(self.body())
                   .option("checkpointLocation", self.checkpoint)
                   .queryName(f"redrive-{self.group}")
@@ -195,16 +196,11 @@ class RetryPipeline:
 
     def _read_reports(self) -> None:
         """Count the batches the body reported since the last look, in order."""
-        if self._ledger_at is None:
+        if self._follower is None:
             return
-        end = _ledger_end(self.connection, self.group)
-        if end <= self._ledger_at:
-            return
-        for entry in ledger.read(self.connection, ledger.ledger_topic(self.group),
-                                 self._ledger_at, end):
+        for entry in self._follower.new_entries():
             if entry.state == ledger.DONE and entry.report.get("checkpoint") == self.checkpoint:
                 self._count(BatchReport.from_dict(entry.report))
-        self._ledger_at = end
 
     def _count(self, report: BatchReport) -> None:
         self.stats.add(report)
@@ -276,6 +272,7 @@ class RetryPipeline:
                 raise query.exception()
         finally:
             self._running = False
+            self._close_follower()
         return self.stats
 
     def stop(self) -> None:
@@ -283,6 +280,12 @@ class RetryPipeline:
         self._stopping.set()
         if self._query is not None and not self._running:
             self._stop_between_batches(self._query)
+            self._close_follower()
+
+    def _close_follower(self) -> None:
+        if self._follower is not None:
+            self._follower.close()
+            self._follower = None
 
     def _stop_between_batches(self, query: Any, wait_s: float = 120.0) -> None:
         deadline = time.monotonic() + wait_s
@@ -314,10 +317,3 @@ def waiting_retries(connection: kafka.Connection, plans: Mapping[str, topics.Top
     oldest = min((record.timestamp_ms for record in found.values()), default=None)
     return held, oldest
 
-
-def _ledger_end(connection: kafka.Connection, group: str) -> int:
-    consumer = kafka.consumer(connection)
-    try:
-        return kafka.watermarks(consumer, ledger.ledger_topic(group), 0)[1]
-    finally:
-        consumer.close()
