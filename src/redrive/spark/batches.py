@@ -54,6 +54,8 @@ BATCH_COLUMN = "redrive_batch"
 # Handler time and lateness are observed on at most this many records per batch: enough for
 # quantiles.
 SAMPLE = 2_000
+# The row of a transformed batch's tally that counts the rows its transform failed.
+_ERRORS = "transform-errors"
 
 
 @dataclass(frozen=True)
@@ -164,24 +166,13 @@ class BatchBody:
             output = self.transform(frame.where(mine & ~malformed)).persist()
             error = F.col(self.error_column)
             self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
-            now = now_ms()
-            kind = (F.when(~mine, F.lit(SKIPPED)).when(malformed, F.lit(FAILED))
-                    .otherwise(F.lit(OK)))
-            early = F.when(redrive.getField("due") > F.timestamp_millis(F.lit(now)), 1)
-            counted = (frame.groupBy(kind.alias("status"), redrive.getField("attempt")
-                                     .alias("attempt"), "topic")
-                       .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"))
-                       .collect())
-            failed = output.where(error.isNotNull()).limit(1).count() > 0
+            counted, failed, late_s = _tally(frame, output, self.error_column, mine, malformed)
             routes: tuple[Routed, ...] = ()
             if failed or any(row["status"] == FAILED for row in counted):
                 rows = routing_rows(output, self.error_column, source=frame)
                 if any(row["status"] == FAILED for row in counted):
                     rows = rows.unionByName(routing_rows(frame.where(malformed), None))
                 routes = self._route(rows, batch_id, resumed)
-            late = ((F.lit(now) - F.unix_millis(redrive.getField("due"))) / 1000)
-            late_s = tuple(row[0] for row in frame.where(mine & redrive.getField("due").isNotNull())
-                           .select(late).limit(SAMPLE).collect())
         finally:
             if output is not None:
                 output.unpersist()
@@ -285,6 +276,35 @@ def _outcomes_of(counted: list[Any], routes: tuple[Routed, ...]) -> tuple[Outcom
         if n:
             outcomes.append(Outcomes(status, attempt, topic, skip, n, row["early"]))
     return tuple(outcomes)
+
+
+def _tally(frame: Any, output: Any, error_column: str, mine: Any, malformed: Any
+           ) -> tuple[list[Any], bool, tuple[float, ...]]:
+    """A transformed batch's rows by class, whether the transform failed any, and a sample of
+    lateness past due, in one Spark job: on Spark Connect each action is a round trip through
+    the server."""
+    F = functions(frame)
+    redrive = F.col(REDRIVE_COLUMN)
+    due = redrive.getField("due")
+    now = now_ms()
+    kind = F.when(~mine, F.lit(SKIPPED)).when(malformed, F.lit(FAILED)).otherwise(F.lit(OK))
+    early = F.when(due > F.timestamp_millis(F.lit(now)), 1)
+    late = F.when(mine & due.isNotNull(), (F.lit(now) - F.unix_millis(due)) / 1000)
+    classes = (frame.groupBy(kind.alias("status"), redrive.getField("attempt").alias("attempt"),
+                             "topic")
+               .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"),
+                    F.slice(F.collect_list(late), 1, SAMPLE).alias("late")))
+    errors = (output.where(F.col(error_column).isNotNull())
+              .agg(F.count(F.lit(1)).alias("n"))
+              .select(F.lit(_ERRORS).alias("status"), F.lit(None).cast("int").alias("attempt"),
+                      F.lit(None).cast("string").alias("topic"), "n",
+                      F.lit(0).cast("long").alias("early"),
+                      F.array().cast("array<double>").alias("late")))
+    rows = classes.unionByName(errors).collect()
+    counted = [row for row in rows if row["status"] != _ERRORS]
+    failed = any(row["n"] for row in rows if row["status"] == _ERRORS)
+    late_s = tuple(value for row in counted for value in row["late"])[:SAMPLE]
+    return counted, failed, late_s
 
 
 def _count_processed(processed: Any) -> tuple[Outcomes, ...]:
