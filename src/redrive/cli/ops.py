@@ -206,13 +206,16 @@ def _replay_destination(bootstrap: str, timeout_s: float, topic: str | None,
 @click.option("--dry-run", is_flag=True, help="Show what would be published; publish nothing.")
 @click.option("--rate", default=None, metavar="N/s", help="Publish at most this fast.")
 @click.option("--actor", default=None, help="Who replays, for the audit log (user@host).")
+@click.option("--again", is_flag=True, help="Also records replayed before (each replay stays in "
+              "the record's history in the log).")
 def dlt_replay(bootstrap: str, timeout_s: float, topic: str | None, group: str | None,
                dlt_topic: str | None, records: Sequence[str], to: str, to_topic: str | None,
                backoff: str | None, exponential: str | None, multiplier: float,
                max_delay: str | None, attempts: int | None, naming: str, no_dlt: bool,
                keep_attempts: bool, dry_run: bool, rate: str | None, actor: str | None,
-               **filters: Any) -> None:
-    """Republish dead-letter records, each once: replays are logged in redrive.replays.
+               again: bool, **filters: Any) -> None:
+    """Republish dead-letter records, each once (unless --again): replays are logged in
+    redrive.replays.
 
     The first retry topic is planned from the group's policy if given (as in `topics plan`),
     else found on the cluster.
@@ -229,7 +232,8 @@ def dlt_replay(bootstrap: str, timeout_s: float, topic: str | None, group: str |
         bar = _LazyBar(stack, "checking" if dry_run else "replaying")
         report = replay(_connect(bootstrap), name, to_topic=destination, to=to, group=group,
                         keep_attempts=keep_attempts, selection=selection, dry_run=dry_run,
-                        rate=rate, actor=actor, progress=bar.advance, timeout_s=timeout_s)
+                        rate=rate, actor=actor, again=again, progress=bar.advance,
+                        timeout_s=timeout_s)
     _print_report(report, name)
 
 

@@ -8,6 +8,7 @@ import hmac
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,8 @@ from pydantic import BaseModel, Field
 
 from redrive import kafka, topics
 from redrive.errors import InvalidArgument, RedriveError
-from redrive.ops import stats
+from redrive.ops import activity, stats
+from redrive.ops.activity import Activity
 from redrive.ops.deadletters import (
     DeadLetterFilter,
     DeadLetterRecord,
@@ -26,7 +28,15 @@ from redrive.ops.deadletters import (
     parse_coordinates,
     text,
 )
-from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, ReplayReport, read_log, replay
+from redrive.ops.replay import (
+    TO_ORIGINAL,
+    TO_RETRY,
+    ReplayReport,
+    log_key,
+    read_log,
+    replay,
+    replays_of,
+)
 from redrive.ops.stats import discover_retry_topics
 from redrive.store import RetryStore
 from redrive.store.rows import RowFilter
@@ -69,6 +79,10 @@ class GroupHealth:
     next_due_ms: int | None
     dead_letters: int
     problem: str | None = None  # why the group's figures could not be read
+    activity: Activity | None = None  # what its topics received over the last hour and day
+
+    def to_json(self) -> dict[str, Any]:
+        return {**vars(self), "activity": self.activity.to_json() if self.activity else None}
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,30 @@ class View:
         return self.read >= self.size
 
 
+@dataclass(frozen=True)
+class Selection:
+    """The dead letters a filter selects; every condition given must hold (empty: all)."""
+
+    reason: str | None = None
+    error_type: str | None = None
+    since: str | None = None  # a duration back from now (2h) or an ISO time
+    until: str | None = None
+    contains: str | None = None  # a substring of the key, a header or the value
+    fingerprint: str | None = None
+
+    def matcher(self) -> Callable[[DeadLetterRecord], bool]:
+        """The test of a record; raises InvalidArgument naming a time that cannot be read."""
+        where = make_filter(reasons=[self.reason] if self.reason else [],
+                            error_types=[self.error_type] if self.error_type else [],
+                            since=self.since or None, until=self.until or None)
+        return lambda letter: (where.matches(letter) and _contains(letter, self.contains) and (
+            not self.fingerprint or _fingerprint_of(letter) == self.fingerprint))
+
+    @property
+    def empty(self) -> bool:
+        return not any(vars(self).values())
+
+
 class StoreAction(BaseModel):
     group: str
     topic: str | None = None
@@ -116,10 +154,19 @@ class ReplayRequest(BaseModel):
     contains: str | None = Field(default=None, description="A substring of the key, a header "
                                  "or the value.")
     since: str | None = Field(default=None, description="A duration (2h) or an ISO time.")
+    until: str | None = Field(default=None, description="A duration (30m: that long ago) or "
+                              "an ISO time.")
     to: str = Field(default=TO_ORIGINAL, description="'original' or 'retry' (the group's "
                     "first retry topic).")
     dry_run: bool = True
     rate: str | None = Field(default=None, description="Records per second, e.g. 50/s.")
+    again: bool = Field(default=False, description="Also records replayed before (each "
+                        "replay stays in the record's history); by default they are left.")
+
+    @property
+    def selection(self) -> Selection:
+        return Selection(reason=self.reason, error_type=self.error_type, since=self.since,
+                         until=self.until, contains=self.contains, fingerprint=self.fingerprint)
 
 
 class Console:
@@ -153,7 +200,8 @@ class Console:
             consumer.close()
 
     def health(self, found: DeadLetterTopic) -> GroupHealth:
-        """The figures of `redrive stats` for the group a dead-letter topic belongs to."""
+        """The figures of `redrive stats` for the group a dead-letter topic belongs to, and
+        what its topics received over the last hour and day."""
         if found.topic is None or found.group is None:
             return GroupHealth("", "", found.name, None, 0, 0, None, None, found.records,
                                "not named <topic>.<group>.dlt")
@@ -163,6 +211,12 @@ class Console:
         except (KafkaException, RedriveError) as exc:
             return GroupHealth(found.topic, found.group, found.name, None, 0, 0, None, None,
                                found.records, str(exc))
+        recent, problem = None, None
+        try:
+            recent = activity.measure(self.connection, rows, self.timeout_s)
+        except (KafkaException, RedriveError) as exc:
+            # The group's state is still worth showing without its history.
+            problem = f"its last hour and day cannot be read: {exc}"
         main = [row for row in rows if row.role == stats.MAIN]
         retries = [row for row in rows if row.role == stats.RETRY]
         oldest = [row.oldest_ms for row in retries if row.oldest_ms is not None]
@@ -170,7 +224,7 @@ class Console:
         return GroupHealth(found.topic, found.group, found.name,
                            main[0].lag if main else None, sum(r.waiting for r in retries),
                            len(retries), min(oldest, default=None), min(dues, default=None),
-                           found.records)
+                           found.records, problem, recent)
 
     def store_rows(self) -> list[dict[str, Any]]:
         """Rows of the retry store per group and topic, by status."""
@@ -197,26 +251,23 @@ class Console:
         entries = list(read_log(self.connection, dlt, self.timeout_s).values())
         return sorted(entries, key=lambda entry: entry.get("when_ms", 0), reverse=True)
 
-    def letters(self, dlt: str, *, reason: str | None = None, error_type: str | None = None,
-                since: str | None = None, contains: str | None = None,
-                fingerprint_is: str | None = None) -> list[DeadLetterRecord]:
+    def record_replays(self, dlt: str, partition: int, offset: int) -> list[dict[str, Any]]:
+        """Every replay of one record the replay log keeps, newest first."""
+        entry = read_log(self.connection, dlt, self.timeout_s).get(log_key(dlt, partition, offset))
+        return [] if entry is None else replays_of(entry)
+
+    def letters(self, dlt: str, selection: Selection) -> list[DeadLetterRecord]:
         """The records of `dlt` the filter selects, newest first."""
-        selection = make_filter(reasons=[reason] if reason else [],
-                                error_types=[error_type] if error_type else [], since=since)
-        found = [letter for letter in Reader(self.connection, dlt, self.timeout_s)
-                 .records(selection)
-                 if _contains(letter, contains)
-                 and (not fingerprint_is or _fingerprint_of(letter) == fingerprint_is)]
+        matches = selection.matcher()
+        found = [letter for letter in Reader(self.connection, dlt, self.timeout_s).records()
+                 if matches(letter)]
         found.sort(key=lambda letter: (letter.record.timestamp_ms, letter.record.offset),
                    reverse=True)
         return found
 
-    def view(self, dlt: str, *, page: int = 1, everything: bool = False,
-             reason: str | None = None, error_type: str | None = None,
-             since: str | None = None, contains: str | None = None,
-             fingerprint_is: str | None = None) -> View:
-        selection = make_filter(reasons=[reason] if reason else [],
-                                error_types=[error_type] if error_type else [], since=since)
+    def view(self, dlt: str, selection: Selection, *, page: int = 1,
+             everything: bool = False) -> View:
+        matches = selection.matcher()
         reader = Reader(self.connection, dlt, self.timeout_s)
         marks = reader.marks()
         size = sum(high - low for low, high in marks.values())
@@ -237,8 +288,7 @@ class Console:
                 seen = oldest.get(record.partition)
                 if seen is None or record.offset < seen[0]:
                     oldest[record.partition] = (record.offset, record.timestamp_ms)
-                if selection.matches(letter) and _contains(letter, contains) and (
-                        not fingerprint_is or _fingerprint_of(letter) == fingerprint_is):
+                if matches(letter):
                     found.append(letter)
             for partition, (start, end) in window.items():
                 read += end - start
@@ -278,15 +328,12 @@ class Console:
             to_topic = self._first_retry_topic(request.dlt)
         elif request.to != TO_ORIGINAL:
             raise InvalidArgument("to", request.to, f"expected {TO_ORIGINAL!r} or {TO_RETRY!r}")
-        if coordinates and not (request.reason or request.error_type or request.since
-                                or request.fingerprint or request.contains):
+        if coordinates and request.selection.empty:
             # Named records only: replay reads just their offsets, not the whole topic.
             selection = DeadLetterFilter(coordinates=coordinates)
         else:
-            chosen = [(letter.record.partition, letter.record.offset) for letter in self.letters(
-                request.dlt, reason=request.reason, error_type=request.error_type,
-                since=request.since, contains=request.contains,
-                fingerprint_is=request.fingerprint)]
+            chosen = [(letter.record.partition, letter.record.offset)
+                      for letter in self.letters(request.dlt, request.selection)]
             if coordinates:
                 chosen = [place for place in chosen if place in coordinates]
             if not chosen:
@@ -294,7 +341,7 @@ class Console:
             selection = DeadLetterFilter(coordinates=frozenset(chosen))
         return replay(self.connection, request.dlt, to=request.to, to_topic=to_topic,
                       selection=selection, dry_run=request.dry_run, rate=request.rate,
-                      actor="redrive ui", timeout_s=self.timeout_s)
+                      again=request.again, actor="redrive ui", timeout_s=self.timeout_s)
 
     def _first_retry_topic(self, dlt: str) -> str:
         stem = dlt[:-len(_DLT_SUFFIX)] if dlt.endswith(_DLT_SUFFIX) else ""
@@ -357,7 +404,8 @@ def value_view(raw: bytes | None) -> tuple[str, str]:
 
 
 def report_json(report: ReplayReport) -> dict[str, Any]:
-    return {"dry_run": report.dry_run, "selected": report.selected,
+    return {"dry_run": report.dry_run, "replay_id": report.replay_id,
+            "selected": report.selected,
             "planned": [{"source": list(source), "to": to} for source, to in report.planned],
             "replayed": [{"source": list(r.source), "destination": list(r.destination)}
                          for r in report.replayed],

@@ -9,11 +9,13 @@ original coordinates, and by default a fresh attempt count and first-failure tim
 policy's attempts and deadline start over.
 
 Every replay is logged in the compacted topic `redrive.replays`, keyed by the dead-letter
-record's coordinates, with who, when, where to and how. A record that has an entry there is not
-published again, so replaying the same selection twice publishes each record once. The copies
-and their log entries are written in one Kafka transaction, so a crash leaves neither or both;
-the transactional id is per dead-letter topic, so two replays of one topic at once cannot both
-publish: the later one fences the earlier before reading the log.
+record's coordinates, with who, when, where to, how and the replay's id. A record that has an
+entry there is not published again, so replaying the same selection twice publishes each record
+once, unless asked to (`again`): the record's new entry then keeps its earlier replays in its
+`history`, since compaction keeps only a key's latest entry. The copies and their log entries
+are written in one Kafka transaction, so a crash leaves neither or both; the transactional id is
+per dead-letter topic, so two replays of one topic at once cannot both publish: the later one
+fences the earlier before reading the log.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import getpass
 import json
 import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,6 +53,10 @@ DEFAULT_TIMEOUT_S = 30.0
 # chunk waits for two acknowledgements and a commit: at 100 records a chunk, an unpaced replay
 # of 10,000 ran at 0.19 of a raw produce loop on noida-db (bench/ops.py).
 CHUNK = 1000
+# A record's earlier replays its newest log entry keeps (the count of all stays exact).
+HISTORY = 100
+# What the history keeps of each earlier entry: the record's own fields are the same in each.
+_SUMMARY = ("replay_id", "who", "when_ms", "when", "to", "attempts", "destination")
 
 Progress = Callable[[int, int], None]  # (records just handled, records selected)
 
@@ -113,10 +120,21 @@ class Skipped:
 class ReplayReport:
     selected: int = 0
     dry_run: bool = False
+    replay_id: str | None = None  # the id its log entries carry; None for a dry run
     replayed: list[Replayed] = field(default_factory=list)
     planned: list[tuple[tuple[str, int, int], str]] = field(default_factory=list)  # dry run
     already: list[tuple[str, int, int]] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Audit:
+    """What each log entry of one replay says besides its record."""
+
+    replay_id: str
+    who: str
+    to: str
+    keep_attempts: bool
 
 
 @dataclass(frozen=True)
@@ -130,7 +148,7 @@ class Target:
 def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None = None,
            to: str = TO_RETRY, group: str | None = None, keep_attempts: bool = False,
            selection: DeadLetterFilter | None = None, dry_run: bool = False,
-           rate: str | float | None = None, actor: str | None = None,
+           rate: str | float | None = None, actor: str | None = None, again: bool = False,
            progress: Progress | None = None,
            metrics: Metrics | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplayReport:
     """Republish the dead-letter records of `dlt_topic` that `selection` matches.
@@ -139,7 +157,8 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
     to=TO_ORIGINAL sends each record to the topic it first came from. `group` is written on the
     copies; by default each record's own group (from its dead-letter headers) is used, and a
     record with neither is skipped, as is one with no known original or unreadable headers.
-    `progress(n, total)` is called as records are handled.
+    A record replayed before is left alone, unless `again`. `progress(n, total)` is called as
+    records are handled.
     """
     if to not in (TO_RETRY, TO_ORIGINAL):
         raise InvalidArgument("to", to, f"expected {TO_RETRY!r} or {TO_ORIGINAL!r}")
@@ -179,7 +198,7 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
     plans: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes]]]] = []
     for record in records:
         source = _coordinates(record)
-        if log_key(*source) in done:
+        if log_key(*source) in done and not again:
             report.already.append(source)
             continue
         prepared = prepare_copy(record, to, to_topic, group, keep_attempts, counts)
@@ -196,7 +215,8 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
             progress(len(plans), len(records))
         return report
 
-    who = actor or default_actor()
+    audit = Audit(uuid.uuid4().hex[:12], actor or default_actor(), to, keep_attempts)
+    report.replay_id = audit.replay_id
     started = time.monotonic()
     # A paced replay commits about once a second, so its progress shows as it goes.
     size = CHUNK if pace is None else max(1, min(CHUNK, int(pace)))
@@ -204,8 +224,8 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
         chunk = plans[start:start + size]
         try:
             published = transactions.run(partial(
-                _publish, chunk=chunk, who=who, to=to, keep_attempts=keep_attempts,
-                started=started, done_before=start, pace=pace, timeout_s=timeout_s))
+                _publish, chunk=chunk, audit=audit, earlier=done, started=started,
+                done_before=start, pace=pace, timeout_s=timeout_s))
         except TransactionAborted as exc:
             raise ReplayFailed(f"replay of {dlt_topic} stopped, nothing of its last chunk "
                                f"was published: {exc}") from exc
@@ -258,11 +278,11 @@ def _coordinates(letter: DeadLetterRecord) -> tuple[str, int, int]:
 
 
 def _publish(producer: Producer, *,
-             chunk: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes]]]], who: str,
-             to: str, keep_attempts: bool, started: float, done_before: int,
-             pace: float | None, timeout_s: float) -> list[Replayed]:
+             chunk: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes]]]],
+             audit: Audit, earlier: Mapping[str, dict[str, Any]], started: float,
+             done_before: int, pace: float | None, timeout_s: float) -> list[Replayed]:
     """The body of one transaction: the chunk's copies, then (with their offsets) their log
-    entries."""
+    entries, each keeping its record's `earlier` entry in its history."""
     copies = [kafka.OutRecord(target.topic, letter.record.value, letter.record.key, headers,
                               target.partition) for letter, target, headers in chunk]
     if pace is None:
@@ -282,31 +302,52 @@ def _publish(producer: Producer, *,
         item = Replayed(_coordinates(letter), (landed.topic, landed.partition, landed.offset),
                         None if key is None else key.decode("utf-8", "replace"))
         published.append(item)
+        log_id = log_key(*item.source)
         entries.append(kafka.OutRecord(
-            REPLAY_LOG, json.dumps(_entry(item, letter, who, when, to, keep_attempts),
-                                   sort_keys=True).encode(),
-            log_key(*item.source).encode()))
+            REPLAY_LOG, json.dumps(_entry(item, letter, audit, when, earlier.get(log_id)),
+                                   sort_keys=True).encode(), log_id.encode()))
     kafka.produce_confirmed(producer, entries, timeout_s)
     return published
 
 
-def _entry(item: Replayed, record: DeadLetterRecord, who: str, when_ms: int, to: str,
-           keep_attempts: bool) -> dict[str, Any]:
+def _entry(item: Replayed, record: DeadLetterRecord, audit: Audit, when_ms: int,
+           before: Mapping[str, Any] | None) -> dict[str, Any]:
     info = record.info
     return {
-        "who": who,
+        "replay_id": audit.replay_id,
+        "who": audit.who,
         "when_ms": when_ms,
         "when": datetime.fromtimestamp(when_ms / 1000, UTC).isoformat(timespec="milliseconds"),
         "source": {"topic": item.source[0], "partition": item.source[1],
                    "offset": item.source[2]},
         "destination": {"topic": item.destination[0], "partition": item.destination[1],
                         "offset": item.destination[2]},
-        "to": to,
-        "attempts": "kept" if keep_attempts else "reset",
+        "to": audit.to,
+        "attempts": "kept" if audit.keep_attempts else "reset",
         "reason": record.reason,
         "error_type": record.error_type,
         "system": info.system if info else None,
+        **_history(before),
     }
+
+
+def _history(before: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The fields of a record's new log entry that keep its earlier replays (`before`: its
+    latest entry so far)."""
+    if before is None:
+        return {}
+    earlier = [*before.get("history", []), _summary(before)]
+    return {"history": earlier[-HISTORY:], "replays": before.get("replays", 1) + 1}
+
+
+def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: entry.get(name) for name in _SUMMARY}
+
+
+def replays_of(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every replay of a record that its latest log entry keeps, newest first: at most
+    HISTORY + 1 of them (`entry["replays"]`, when present, counts them all)."""
+    return [_summary(entry), *reversed(entry.get("history", []))]
 
 
 def read_log(connection: kafka.Connection, dlt_topic: str | None = None,

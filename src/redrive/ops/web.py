@@ -27,12 +27,13 @@ from redrive.ops.console import (
     PAGE_SIZE,
     Console,
     ReplayRequest,
+    Selection,
     StoreAction,
     report_json,
     value_view,
 )
 from redrive.ops.deadletters import text
-from redrive.ops.replay import TO_ORIGINAL, log_key, read_log
+from redrive.ops.replay import TO_ORIGINAL
 from redrive.store import RetryStore
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
@@ -59,7 +60,13 @@ def _age(ms: int) -> str:
     return f"{seconds}s"
 
 
-TEMPLATES.env.filters.update(ms_time=_ms_time, as_text=text, query=_query, age=_age)
+def _rate(per_minute: float) -> str:
+    """0.033, 0.5, 12.5: a low rate keeps two digits, so that one record an hour is not 0."""
+    return f"{per_minute:.2g}" if 0 < per_minute < 1 else f"{per_minute:.1f}"
+
+
+TEMPLATES.env.filters.update(ms_time=_ms_time, as_text=text, query=_query, age=_age,
+                             rate=_rate)
 
 
 def _cross_site(request: Request, origin: str | None) -> bool:
@@ -101,9 +108,12 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
     @app.get("/api/groups")
     def api_groups() -> list[dict[str, Any]]:
         """Per group with a dead-letter topic: its main topic's lag, the records waiting in
-        its retry topics (the oldest, the next due), and its dead letters."""
+        its retry topics (the oldest, the next due), and its dead letters; and (`activity`)
+        the records written to its main, retry and dead-letter topics over the last hour and
+        day, with per-minute rates over the hour, and the dead letters of each window by
+        reason (`complete` false: only the newest were read, the counts are lower bounds)."""
         try:
-            return [vars(console.health(found)) for found in console.dead_letter_topics()]
+            return [console.health(found).to_json() for found in console.dead_letter_topics()]
         except (KafkaException, RedriveError) as exc:
             raise HTTPException(503, f"the cluster cannot be read: {exc}") from exc
 
@@ -180,16 +190,16 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
 
     @app.get("/dead-letters/{dlt}", response_class=HTMLResponse, include_in_schema=False)
     def dead_letters(request: Request, dlt: str, reason: str = "", error_type: str = "",
-                     since: str = "", q: str = "", fp: str = "", everything: str = "",
+                     since: str = "", until: str = "", q: str = "", fp: str = "",
+                     everything: str = "",
                      page_number: Annotated[int, Query(alias="page", ge=1)] = 1
                      ) -> HTMLResponse:
-        filters = {"reason": reason, "error_type": error_type, "since": since, "q": q, "fp": fp,
-                   "everything": everything}
+        filters = {"reason": reason, "error_type": error_type, "since": since, "until": until,
+                   "q": q, "fp": fp, "everything": everything}
         try:
-            shown = console.view(dlt, page=page_number, everything=bool(everything),
-                                 reason=reason or None, error_type=error_type or None,
-                                 since=since or None, contains=q or None,
-                                 fingerprint_is=fp or None)
+            shown = console.view(dlt, Selection(reason=reason, error_type=error_type, since=since,
+                                                until=until, contains=q, fingerprint=fp),
+                                 page=page_number, everything=bool(everything))
         except UnknownTopic as exc:
             return problem(request, exc, 404)
         except InvalidArgument as exc:
@@ -199,19 +209,22 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
 
     @app.get("/api/dead-letters/{dlt}")
     def api_dead_letters(dlt: str, reason: str | None = None, error_type: str | None = None,
-                         since: str | None = None, q: str | None = None,
+                         since: str | None = None, until: str | None = None,
+                         q: str | None = None,
                          fingerprint_is: Annotated[str | None, Query(alias="fp")] = None,
                          everything: bool = False,
                          page_number: Annotated[int, Query(alias="page", ge=1)] = 1
                          ) -> dict[str, Any]:
         """A page of the records the filter selects, newest first, and their groups by cause.
-        The topic is read from its end only as far as the page needs (`complete`: the whole
-        topic was read; `matched` and `groups` count what was read), all of it with
-        everything=true."""
+        `since` and `until` bound the time a record was written: a duration back from now (2h)
+        or an ISO time. The topic is read from its end only as far as the page needs
+        (`complete`: the whole topic was read; `matched` and `groups` count what was read), all
+        of it with everything=true."""
         try:
-            shown = console.view(dlt, page=page_number, everything=everything, reason=reason,
-                                 error_type=error_type, since=since, contains=q,
-                                 fingerprint_is=fingerprint_is)
+            shown = console.view(dlt, Selection(reason=reason, error_type=error_type, since=since,
+                                                until=until, contains=q,
+                                                fingerprint=fingerprint_is),
+                                 page=page_number, everything=everything)
         except UnknownTopic as exc:
             raise HTTPException(404, str(exc)) from exc
         except InvalidArgument as exc:
@@ -232,19 +245,31 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         except InvalidArgument as exc:
             return problem(request, exc, 404)
         kind, shown = value_view(letter.record.value)
-        replayed = read_log(console.connection, dlt, console.timeout_s).get(
-            log_key(dlt, partition, offset))
-        return page(request, "record.html", dlt=dlt, letter=letter, replayed=replayed,
+        return page(request, "record.html", dlt=dlt, letter=letter,
+                    replays=console.record_replays(dlt, partition, offset),
                     details=letter.to_json(now_ms(), full=True), value_kind=kind, value=shown)
+
+    @app.get("/api/dead-letters/{dlt}/{partition}/{offset}")
+    def api_record(dlt: str, partition: int, offset: int) -> dict[str, Any]:
+        """One record with every header decoded, its value and trace, and (`replays`) every
+        replay of it the replay log keeps, newest first: when, by whom, to where and by which
+        replay (`replay_id`)."""
+        try:
+            letter = console.one(dlt, partition, offset)
+        except (UnknownTopic, InvalidArgument) as exc:
+            raise HTTPException(404, str(exc)) from exc
+        return {**letter.to_json(now_ms(), full=True),
+                "replays": console.record_replays(dlt, partition, offset)}
 
     @app.post("/dead-letters/{dlt}/replay", response_class=HTMLResponse,
               include_in_schema=False)
     def replay_form(request: Request, dlt: str, token: Annotated[str, Form()] = "",
                     records: Annotated[str, Form()] = "", reason: Annotated[str, Form()] = "",
                     error_type: Annotated[str, Form()] = "", since: Annotated[str, Form()] = "",
-                    fp: Annotated[str, Form()] = "", q: Annotated[str, Form()] = "",
-                    to: Annotated[str, Form()] = TO_ORIGINAL,
+                    until: Annotated[str, Form()] = "", fp: Annotated[str, Form()] = "",
+                    q: Annotated[str, Form()] = "", to: Annotated[str, Form()] = TO_ORIGINAL,
                     dry_run: Annotated[str, Form()] = "", rate: Annotated[str, Form()] = "",
+                    again: Annotated[str, Form()] = "",
                     origin: Annotated[str | None, Header()] = None) -> HTMLResponse:
         if _cross_site(request, origin):
             return problem(request, PermissionError(f"a form from {origin} is refused"), 403)
@@ -255,8 +280,8 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         wanted = ReplayRequest(dlt=dlt, records=records.split() if records else [],
                                reason=reason or None, error_type=error_type or None,
                                fingerprint=fp or None, contains=q or None,
-                               since=since or None, to=to,
-                               dry_run=bool(dry_run), rate=rate or None)
+                               since=since or None, until=until or None, to=to,
+                               dry_run=bool(dry_run), rate=rate or None, again=bool(again))
         try:
             report = console.replay(wanted)
         except UnknownTopic as exc:

@@ -1,18 +1,22 @@
 """The operations console's pages and JSON API on noida-db (FastAPI's TestClient): dead letters
 written by a real consumer, listed, filtered, grouped by cause and shown; a replay's dry run and
-the replay itself, which needs the token; escaping; bad input and a broker that is down."""
+the replay itself, which needs the token; escaping; bad input and a broker that is down; the
+overview's last hour and day; a time window's end; a record's every replay."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from redrive import headers as h
+from redrive import kafka
 from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
+from redrive.ops import activity
 from redrive.ops.console import fingerprint
 from redrive.ops.replay import read_log
 from redrive.ops.web import create_app
@@ -23,12 +27,14 @@ from redrive.store.rows import Entry
 from redrive.store.schema import CANCELLED, DEAD, PENDING
 
 from ..consumer.conftest import FAST_GROUP, Running, read_all, wait_until
-from .conftest import produce_records, topic_sizes
+from .conftest import produce_records, run_cli, topic_sizes
 
 NewTopic = Callable[..., str]
 UniqueName = Callable[..., str]
 Start = Callable[[RetryingConsumer], Running]
 TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MINUTE_MS = 60_000
 
 
 class BadOrder(Exception):
@@ -219,3 +225,152 @@ def test_the_store_page_counts_rows_and_requeues_or_cancels_with_the_token(
         assert TestClient(create_app(bootstrap)).get("/api/store").status_code == 404
     finally:
         store.close()
+
+
+def written(bootstrap: str, records: list[tuple[str, int, int, list[tuple[str, bytes]]]],
+            at_ms: int) -> None:
+    """(topic, partition, minutes before at_ms, headers) records, stamped that long ago; each
+    partition's in time order, as the broker looks times up by offset."""
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, b"v", None, headers, partition, at_ms - minutes * MINUTE_MS)
+        for topic, partition, minutes, headers in records])
+
+
+def dead(reason: str) -> list[tuple[str, bytes]]:
+    return [(h.REASON, reason.encode()), (h.GROUP, b"billing")]
+
+
+def test_the_overview_counts_the_last_hour_and_day_by_reason_and_rates(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    topic, group = new_topic(), unique_name("activity")
+    retry = new_topic(name=f"{topic}.{group}.retry.5s")
+    dlt = new_topic(partitions=2, name=f"{topic}.{group}.dlt")
+    day, hour = 24 * 60, 60
+    written(bootstrap, [(topic, 0, minutes, []) for minutes in (day + 360, 180, 120, 10, 5, 1)]
+            + [(retry, 0, minutes, []) for minutes in (day + 60, 300, 50, 1)]
+            + [(dlt, 0, day + 360, dead("exhausted")), (dlt, 0, 300, dead("not-retryable")),
+               (dlt, 0, 50, dead("exhausted")), (dlt, 0, 20, []),  # names no reason
+               (dlt, 0, 1, dead("exhausted")),
+               (dlt, 1, 300, dead("not-retryable")), (dlt, 1, 40, dead("deadline")),
+               (dlt, 1, 10, dead("exhausted"))], now_ms())
+    assert hour < 300 < day
+    web = client(bootstrap)
+
+    found = {g["dead_letter_topic"]: g for g in web.get("/api/groups").json()}[dlt]
+    assert (found["topic"], found["group"], found["problem"]) == (topic, group, None)
+    recent = found["activity"]
+    assert recent["received"] == {"hour": 3, "day": 5, "per_minute": 0.05}
+    assert recent["retries"] == {"hour": 2, "day": 3, "per_minute": 0.033}
+    assert recent["dead_letters"] == {"hour": 5, "day": 7, "per_minute": 0.083}
+    assert recent["reasons_hour"] == {
+        "counts": {"exhausted": 3, "deadline": 1, "unknown": 1}, "complete": True}
+    assert recent["reasons_day"] == {
+        "counts": {"exhausted": 3, "not-retryable": 2, "deadline": 1, "unknown": 1},
+        "complete": True}
+    row = web.get("/").text.split(dlt, 2)[2].split("</tr>", 1)[0]
+    hour_cell = row.split('class="dead-hour">', 1)[1].split("</td>", 1)[0]
+    assert hour_cell.startswith("5") and "exhausted 3" in hour_cell and "at least" not in row
+    assert "not-retryable 2" in row.split('class="dead-day">', 1)[1]
+    assert "0.05 in, 0.033 to retry" in row and "0.083 dead" in row
+
+    # Reading at most 6 dead letters of the day's 7: each partition's newest, by its share,
+    # which covers the last hour but not the day.
+    monkeypatch.setattr(activity, "READ_CAP", 6)
+    capped = {g["dead_letter_topic"]: g for g in web.get("/api/groups").json()}[dlt]["activity"]
+    assert capped["reasons_hour"] == recent["reasons_hour"]
+    assert capped["reasons_day"] == {"counts": recent["reasons_hour"]["counts"],
+                                     "complete": False}
+    assert capped["dead_letters"]["day"] == 7  # from offsets: exact, capped or not
+    row = web.get("/").text.split(dlt, 2)[2].split("</tr>", 1)[0]
+    assert "at least" in row.split('class="dead-day">', 1)[1]
+    assert "at least" not in row.split('class="dead-hour">', 1)[1].split("</td>", 1)[0]
+
+
+def story(origin: str, offset: int) -> list[tuple[str, bytes]]:
+    """A dead letter's headers naming the record it came from, so that it can be replayed."""
+    return [*dead("exhausted"), (h.ORIGINAL_TOPIC, origin.encode()),
+            (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, str(offset).encode())]
+
+
+def test_until_ends_the_time_window_of_the_view_the_api_and_a_replay(
+        bootstrap: str, new_topic: NewTopic) -> None:
+    origin, dlt = new_topic(), new_topic()
+    at = now_ms()
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(dlt, value, value, story(origin, offset), 0, at - minutes * MINUTE_MS)
+        for offset, (value, minutes) in enumerate(((b"old", 180), (b"middle", 90),
+                                                   (b"new", 10)))])
+    web = client(bootstrap)
+
+    def keys(**params: str) -> list[str]:
+        answer = web.get(f"/api/dead-letters/{dlt}", params=params)
+        assert answer.status_code == 200, answer.text
+        return [record["key"] for record in answer.json()["records"]]
+
+    window = {"since": "2h", "until": "30m"}
+    assert keys(**window) == ["middle"]
+    assert keys(until="30m") == ["middle", "old"]
+    iso = datetime.fromtimestamp((at - 100 * MINUTE_MS) / 1000, UTC).isoformat()
+    assert keys(until=iso) == ["old"]
+    page = web.get(f"/dead-letters/{dlt}", params=window)
+    assert page.status_code == 200 and ">1</span> record(s)" in page.text
+    assert 'name="until" value="30m"' in page.text  # in the filter form
+    assert '<input type="hidden" name="until" value="30m">' in page.text  # in the replay form
+
+    bad = web.get(f"/api/dead-letters/{dlt}", params={"until": "soon"})
+    assert bad.status_code == 400 and "until" in bad.json()["detail"]
+    bad_page = web.get(f"/dead-letters/{dlt}", params={"until": "soon"})
+    assert bad_page.status_code == 400 and "until" in bad_page.text
+    reversed_window = web.get(f"/api/dead-letters/{dlt}", params={"since": "1h", "until": "2h"})
+    assert reversed_window.status_code == 400 and "since" in reversed_window.json()["detail"]
+    bad_replay = web.post("/api/replay", json={"dlt": dlt, "to": "original", "until": "soon"},
+                          headers=AUTH)
+    assert bad_replay.status_code == 400 and "until" in bad_replay.json()["detail"]
+
+    dry = web.post(f"/dead-letters/{dlt}/replay", data={"token": TOKEN, "dry_run": "1",
+                                                        **window})
+    assert dry.status_code == 200 and '<span id="planned">1</span>' in dry.text
+    done = web.post("/api/replay", json={"dlt": dlt, "to": "original", "dry_run": False,
+                                         **window}, headers=AUTH).json()
+    assert (done["selected"], [d["source"] for d in done["replayed"]]) == (1, [[dlt, 0, 1]])
+    assert [c.value for c in read_all(bootstrap, origin, expect=1)] == [b"middle"]
+
+
+def test_a_record_replayed_again_shows_every_replay(bootstrap: str, new_topic: NewTopic) -> None:
+    origin, dlt = new_topic(), new_topic()
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(dlt, b"v", b"k", story(origin, 7), 0)])
+    web = client(bootstrap)
+    one = {"dlt": dlt, "records": ["0:0"], "to": "original", "dry_run": False}
+
+    first = web.post("/api/replay", json=one, headers=AUTH).json()
+    left = web.post("/api/replay", json=one, headers=AUTH).json()
+    assert (len(left["replayed"]), left["already_replayed"]) == (0, [[dlt, 0, 0]])
+    dry = web.post("/api/replay", json={**one, "again": True, "dry_run": True},
+                   headers=AUTH).json()
+    assert len(dry["planned"]) == 1 and len(read_all(bootstrap, origin, expect=1)) == 1
+    second = web.post("/api/replay", json={**one, "again": True}, headers=AUTH).json()
+    assert len(second["replayed"]) == 1 and second["replay_id"] != first["replay_id"]
+
+    replays = web.get(f"/api/dead-letters/{dlt}/0/0").json()["replays"]
+    assert [r["replay_id"] for r in replays] == [second["replay_id"], first["replay_id"]]
+    assert [r["destination"]["offset"] for r in replays] == [
+        second["replayed"][0]["destination"][2], first["replayed"][0]["destination"][2]]
+    assert {(r["who"], r["to"]) for r in replays} == {("redrive ui", "original")}
+    assert replays[0]["when_ms"] >= replays[1]["when_ms"]
+    page = web.get(f"/dead-letters/{dlt}/0/0").text
+    history = page.split('id="replay-history">', 1)[1].split("</table>", 1)[0]
+    assert history.count("<tr>") == 3  # a heading and two replays
+    assert first["replay_id"] in history and second["replay_id"] in history
+
+    # The CLI's replay, again, goes through the same log and keeps both.
+    cli = run_cli("dlt", "replay", "-b", bootstrap, "--dlt-topic", dlt, "--to", "original",
+                  "--record", "0:0", "--again", "--actor", "oncall@test")
+    assert cli.exit_code == 0 and "replayed 1 of 1" in cli.stdout, cli.output
+    replays = web.get(f"/api/dead-letters/{dlt}/0/0").json()["replays"]
+    assert [r["who"] for r in replays] == ["oncall@test", "redrive ui", "redrive ui"]
+    entry = web.get("/api/replays", params={"dlt": dlt}).json()[0]
+    assert (entry["replays"], len(entry["history"])) == (3, 2)
+    assert [c.value for c in read_all(bootstrap, origin, expect=3)] == [b"v"] * 3
+    assert web.get(f"/api/dead-letters/{dlt}/0/9").status_code == 404

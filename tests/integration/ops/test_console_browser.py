@@ -1,6 +1,7 @@
 """The operations console in a real browser: Debian's chromium, headless, driven by Playwright
-(the system's browser; Playwright downloads none). Overview -> dead letters -> filter -> a record
--> the cause's group -> dry run -> replay, then the replayed copies counted on the broker.
+(the system's browser; Playwright downloads none). Overview (the last hour's dead letters by
+reason) -> dead letters -> filter -> a record -> the cause's group -> dry run -> replay, then the
+replayed copies counted on the broker.
 
 REDRIVE_UPDATE_SCREENSHOT=1 also writes the dead-letter page's screenshot to docs/console.png,
 the one the README shows."""
@@ -66,6 +67,7 @@ def test_click_through_to_a_replay(browser: Browser, console_url: str, bootstrap
     row = page.locator("#topics tr", has_text=dlt)
     expect(row).to_contain_text(group)
     expect(row.locator("td").nth(7)).to_have_text("6")
+    expect(row.locator("td.dead-hour")).to_contain_text("exhausted 5, not-retryable 1")
     row.get_by_role("link").click()
 
     expect(page.locator("#total")).to_have_text("6")

@@ -7,7 +7,19 @@ import pytest
 from redrive import headers as h
 from redrive.errors import InvalidArgument
 from redrive.ops.deadletters import DeadLetterRecord
-from redrive.ops.replay import TO_ORIGINAL, TO_RETRY, Target, log_key, parse_rate, prepare_copy
+from redrive.ops.replay import (
+    HISTORY,
+    TO_ORIGINAL,
+    TO_RETRY,
+    Audit,
+    Replayed,
+    Target,
+    _entry,
+    log_key,
+    parse_rate,
+    prepare_copy,
+    replays_of,
+)
 from redrive.record import Record
 
 COUNTS = {"orders": 3, "orders.billing.retry.5s": 3, "small.retry": 1}
@@ -90,3 +102,30 @@ def test_rates() -> None:
 
 def test_log_key_names_the_source() -> None:
     assert log_key("orders.billing.dlt", 2, 9) == "orders.billing.dlt/2/9"
+
+
+def test_a_log_entry_keeps_its_records_earlier_replays_up_to_a_bound() -> None:
+    record = letter(REDRIVE)
+    entry = None
+    for number in range(HISTORY + 5):
+        copy = Replayed(("orders.billing.dlt", 2, 9), ("orders", 2, 100 + number), "k")
+        entry = _entry(copy, record, Audit(f"r{number}", "me@host", TO_ORIGINAL, False),
+                       1_000 + number, entry)
+    assert entry is not None and entry["replays"] == HISTORY + 5
+    shown = replays_of(entry)
+    assert len(shown) == HISTORY + 1
+    assert [r["replay_id"] for r in shown[:2]] == [f"r{HISTORY + 4}", f"r{HISTORY + 3}"]
+    assert shown[-1]["replay_id"] == "r4"  # the oldest kept; r0..r3 are counted, not kept
+    assert shown[0]["destination"] == {"topic": "orders", "partition": 2,
+                                       "offset": 100 + HISTORY + 4}
+    assert "history" not in shown[1]  # the history's entries do not nest
+
+
+def test_a_first_replay_has_no_history() -> None:
+    copy = Replayed(("orders.billing.dlt", 2, 9), ("orders", 2, 100), "k")
+    entry = _entry(copy, letter(REDRIVE), Audit("r0", "me@host", TO_ORIGINAL, True), 1_000, None)
+    assert "history" not in entry and "replays" not in entry
+    assert replays_of(entry) == [{"replay_id": "r0", "who": "me@host", "when_ms": 1_000,
+                                  "when": entry["when"], "to": TO_ORIGINAL, "attempts": "kept",
+                                  "destination": {"topic": "orders", "partition": 2,
+                                                  "offset": 100}}]
