@@ -71,9 +71,10 @@ from redrive import kafka
 from redrive.dev.brokers import DevBroker
 from redrive.dev.spark import ConnectServer
 from redrive.policy import Backoff, RetryPolicy
+from redrive.spark.options import kafka_schema
 from redrive.spark.outcomes import PipelineStats
 from redrive.spark.pipeline import RetryPipeline
-from redrive.spark.source import kafka_schema, register
+from redrive.spark.source import register
 from redrive.spark.sql import functions
 
 PARTITIONS = 2
