@@ -158,9 +158,58 @@ static int batch_headers_begin(Batch *b, size_t count) {
     return 0;
 }
 
+/* The length of the UTF-8 sequence at `p` if it is a valid one, else 0; `part` gets how many
+ * bytes one U+FFFD stands for (the maximal subpart, as the Unicode standard and Python count). */
+static size_t utf8_sequence(const unsigned char *p, size_t left, size_t *part) {
+    unsigned char lead = p[0], lo = 0x80, hi = 0xBF;
+    size_t need;
+    *part = 1;
+    if (lead < 0x80)
+        return 1;
+    if (lead >= 0xC2 && lead <= 0xDF)
+        need = 2;
+    else if (lead >= 0xE0 && lead <= 0xEF) {
+        need = 3;
+        lo = lead == 0xE0 ? 0xA0 : 0x80;
+        hi = lead == 0xED ? 0x9F : 0xBF;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+        need = 4;
+        lo = lead == 0xF0 ? 0x90 : 0x80;
+        hi = lead == 0xF4 ? 0x8F : 0xBF;
+    } else
+        return 0;
+    size_t i = 1;
+    for (; i < need && i < left && p[i] >= lo && p[i] <= hi; i++)
+        lo = 0x80, hi = 0xBF;
+    *part = i;
+    return i == need ? need : 0;
+}
+
+/* Puts text into a string column. Kafka's header names are UTF-8 by contract but nothing checks
+ * the bytes; Arrow and Spark require valid UTF-8, so each invalid sequence becomes U+FFFD, as
+ * Java's consumer (and Python's errors="replace") decodes it. */
+static int textcol_put(BinCol *c, const unsigned char *text, size_t len) {
+    size_t at = 0, part;
+    while (at < len && utf8_sequence(text + at, len - at, &part))
+        at += part;
+    if (at == len)
+        return bincol_put(c, text, len, 1);
+    Buf fixed = {0};
+    int rc = buf_put(&fixed, text, at);
+    while (rc == 0 && at < len) {
+        size_t n = utf8_sequence(text + at, len - at, &part);
+        rc = n ? buf_put(&fixed, text + at, n) : buf_put(&fixed, "\xEF\xBF\xBD", 3);
+        at += part;
+    }
+    if (rc == 0)
+        rc = bincol_put(c, fixed.data, fixed.len, 1);
+    free(fixed.data);
+    return rc;
+}
+
 static int batch_header_put(Batch *b, const char *name, size_t name_len, const void *value,
                             size_t value_len, int has_value) {
-    if (bincol_put(&b->header_keys, name, name_len, 1) < 0 ||
+    if (textcol_put(&b->header_keys, (const unsigned char *)name, name_len) < 0 ||
         bincol_put(&b->header_values, value, value_len, has_value) < 0)
         return -1;
     return 0;

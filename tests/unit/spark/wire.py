@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-Header = tuple[str, bytes | None]
+Header = tuple[str | bytes, bytes | None]  # a name as bytes is written as it is
 
 
 def varint(value: int) -> bytes:
@@ -36,7 +36,8 @@ def record(offset_delta: int, value: bytes | None, key: bytes | None = None, *,
            ts_delta: int = 0, headers: Sequence[Header] = ()) -> bytes:
     body = (b"\0" + varint(ts_delta) + varint(offset_delta) + _sized(key) + _sized(value)
             + varint(len(headers))
-            + b"".join(_sized(name.encode()) + _sized(hv) for name, hv in headers))
+            + b"".join(_sized(name if isinstance(name, bytes) else name.encode()) + _sized(hv)
+                       for name, hv in headers))
     return varint(len(body)) + body
 
 
@@ -126,8 +127,7 @@ class Peer:
                     answer, cut = self._metadata(), None
                 else:
                     answer, cut = self._fetch(body)
-                reply = struct.pack(">i", correlation) + answer
-                reply = struct.pack(">i", len(reply)) + reply
+                reply = framed(correlation, answer)
                 connection.sendall(reply if cut is None else reply[:cut])
                 if cut is not None:
                     return
@@ -152,16 +152,27 @@ class Peer:
         fetch = Fetch(offset, max_bytes)
         self.fetches.append(fetch)
         given = self.answer(fetch)
-        if given.aborted is None:
-            aborted = struct.pack(">i", -1)
-        else:
-            aborted = struct.pack(">i", len(given.aborted)) + b"".join(
-                struct.pack(">qq", producer, first) for producer, first in given.aborted)
-        records = (struct.pack(">i", -1) if given.records is None
-                   else struct.pack(">i", len(given.records)) + given.records)
-        answer = (struct.pack(">i", 0) + struct.pack(">i", 1) + _string(self.topic)
-                  + struct.pack(">i", 1)
-                  + struct.pack(">ihqq", self.partition, given.error, given.high_watermark,
-                                given.high_watermark)
-                  + aborted + records)
-        return answer, None if given.cut is None else 8 + given.cut
+        return fetch_answer(self.topic, self.partition, given), \
+            None if given.cut is None else 8 + given.cut
+
+
+def fetch_answer(topic: str, partition: int, given: Answer) -> bytes:
+    """The body of a Fetch v4 answer for one partition (after the size and correlation id)."""
+    if given.aborted is None:
+        aborted = struct.pack(">i", -1)
+    else:
+        aborted = struct.pack(">i", len(given.aborted)) + b"".join(
+            struct.pack(">qq", producer, first) for producer, first in given.aborted)
+    records = (struct.pack(">i", -1) if given.records is None
+               else struct.pack(">i", len(given.records)) + given.records)
+    return (struct.pack(">i", 0) + struct.pack(">i", 1) + _string(topic)
+            + struct.pack(">i", 1)
+            + struct.pack(">ihqq", partition, given.error, given.high_watermark,
+                          given.high_watermark)
+            + aborted + records)
+
+
+def framed(correlation: int, body: bytes) -> bytes:
+    """An answer as it travels: its size, its correlation id, its body."""
+    reply = struct.pack(">i", correlation) + body
+    return struct.pack(">i", len(reply)) + reply
