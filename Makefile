@@ -6,7 +6,7 @@ PY = .venv/bin/python
 VENV_STAMP = .venv/.installed-from-pyproject
 LINT_PATHS = $(wildcard src tests bench demo)
 
-.PHONY: .venv librdkafka tools postgres browser test demo lint typecheck pytest unit integration clean
+.PHONY: .venv librdkafka tools postgres browser test demo lint typecheck pytest unit integration fuzz clean
 
 .venv: $(VENV_STAMP)
 
@@ -61,6 +61,11 @@ unit: .venv
 
 integration: .venv tools postgres browser
 	$(PY) -m pytest -q tests/integration
+
+# The C readers built with AddressSanitizer and UndefinedBehaviorSanitizer: 2 x 1M fuzzed fetch
+# answers, then their tests on those builds (tests/fuzz/run.py). `make test` runs a short fuzz.
+fuzz: .venv tools
+	PYTHONPATH=tests $(PY) -m fuzz.run
 
 # The project's main job: a PySpark retry pipeline on the embedded broker (see README).
 demo: .venv
