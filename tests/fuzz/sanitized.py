@@ -6,7 +6,7 @@ run Python code on them.
 
 A sanitized extension needs the sanitizer runtimes loaded before Python starts (LD_PRELOAD), so
 `environment()` gives what a subprocess needs. As a pytest plugin this module puts the builds of
-REDRIVE_SANITIZED in place of the installed extensions before any test imports them.
+REDRIVE_SANITIZED in place of the installed extensions before the tests' conftest imports them.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def load_builds() -> bool:
     return True
 
 
-def pytest_configure() -> None:
+def pytest_load_initial_conftests() -> None:
+    """Before any conftest imports redrive, so that no module binds an installed extension."""
     if not load_builds():
         raise RuntimeError("-p fuzz.sanitized needs REDRIVE_SANITIZED (see environment())")
 
