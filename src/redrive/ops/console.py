@@ -124,14 +124,18 @@ class Selection:
     until: str | None = None
     contains: str | None = None  # a substring of the key, a header or the value
     fingerprint: str | None = None
+    message: str | None = None  # a regular expression searched in the error message
 
     def matcher(self) -> Callable[[DeadLetterRecord], bool]:
-        """The test of a record; raises InvalidArgument naming a time that cannot be read."""
+        """The test of a record; raises InvalidArgument naming a time or a regular expression
+        that cannot be read."""
         where = make_filter(reasons=[self.reason] if self.reason else [],
                             error_types=[self.error_type] if self.error_type else [],
                             since=self.since or None, until=self.until or None)
+        message = _pattern("message", self.message)
         return lambda letter: (where.matches(letter) and _contains(letter, self.contains) and (
-            not self.fingerprint or _fingerprint_of(letter) == self.fingerprint))
+            not self.fingerprint or _fingerprint_of(letter) == self.fingerprint) and (
+            message is None or _message_matches(letter, message)))
 
     @property
     def empty(self) -> bool:
@@ -153,6 +157,8 @@ class ReplayRequest(BaseModel):
     fingerprint: str | None = None
     contains: str | None = Field(default=None, description="A substring of the key, a header "
                                  "or the value.")
+    message: str | None = Field(default=None, description="A Python regular expression "
+                                "searched in the error message.")
     since: str | None = Field(default=None, description="A duration (2h) or an ISO time.")
     until: str | None = Field(default=None, description="A duration (30m: that long ago) or "
                               "an ISO time.")
@@ -166,7 +172,8 @@ class ReplayRequest(BaseModel):
     @property
     def selection(self) -> Selection:
         return Selection(reason=self.reason, error_type=self.error_type, since=self.since,
-                         until=self.until, contains=self.contains, fingerprint=self.fingerprint)
+                         until=self.until, contains=self.contains, fingerprint=self.fingerprint,
+                         message=self.message)
 
 
 class Console:
@@ -369,6 +376,22 @@ def _contains(letter: DeadLetterRecord, needle: str | None) -> bool:
     return (needle in (text(record.key) or "") or needle in (text(record.value) or "")
             or any(needle in name or needle in (text(value) or "")
                    for name, value in record.headers))
+
+
+def _pattern(field_name: str, expression: str | None) -> re.Pattern[str] | None:
+    if not expression:
+        return None
+    try:
+        return re.compile(expression)
+    except re.error as exc:
+        raise InvalidArgument(field_name, expression, f"not a regular expression: {exc}") from exc
+
+
+def _message_matches(letter: DeadLetterRecord, pattern: re.Pattern[str]) -> bool:
+    # A record with no error message (no known header set, or malformed headers) has nothing
+    # to search, so even `.*` leaves it out rather than treating the message as empty.
+    message = letter.error_message
+    return message is not None and pattern.search(message) is not None
 
 
 def _fingerprint_of(letter: DeadLetterRecord) -> str:

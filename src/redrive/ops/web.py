@@ -191,14 +191,15 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
     @app.get("/dead-letters/{dlt}", response_class=HTMLResponse, include_in_schema=False)
     def dead_letters(request: Request, dlt: str, reason: str = "", error_type: str = "",
                      since: str = "", until: str = "", q: str = "", fp: str = "",
-                     everything: str = "",
+                     message: str = "", everything: str = "",
                      page_number: Annotated[int, Query(alias="page", ge=1)] = 1
                      ) -> HTMLResponse:
         filters = {"reason": reason, "error_type": error_type, "since": since, "until": until,
-                   "q": q, "fp": fp, "everything": everything}
+                   "q": q, "fp": fp, "message": message, "everything": everything}
         try:
             shown = console.view(dlt, Selection(reason=reason, error_type=error_type, since=since,
-                                                until=until, contains=q, fingerprint=fp),
+                                                until=until, contains=q, fingerprint=fp,
+                                                message=message),
                                  page=page_number, everything=bool(everything))
         except UnknownTopic as exc:
             return problem(request, exc, 404)
@@ -212,18 +213,19 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
                          since: str | None = None, until: str | None = None,
                          q: str | None = None,
                          fingerprint_is: Annotated[str | None, Query(alias="fp")] = None,
-                         everything: bool = False,
+                         message: str | None = None, everything: bool = False,
                          page_number: Annotated[int, Query(alias="page", ge=1)] = 1
                          ) -> dict[str, Any]:
         """A page of the records the filter selects, newest first, and their groups by cause.
         `since` and `until` bound the time a record was written: a duration back from now (2h)
-        or an ISO time. The topic is read from its end only as far as the page needs
+        or an ISO time; `message` is a Python regular expression searched in the error
+        message. The topic is read from its end only as far as the page needs
         (`complete`: the whole topic was read; `matched` and `groups` count what was read), all
         of it with everything=true."""
         try:
             shown = console.view(dlt, Selection(reason=reason, error_type=error_type, since=since,
                                                 until=until, contains=q,
-                                                fingerprint=fingerprint_is),
+                                                fingerprint=fingerprint_is, message=message),
                                  page=page_number, everything=everything)
         except UnknownTopic as exc:
             raise HTTPException(404, str(exc)) from exc
@@ -267,7 +269,8 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
                     records: Annotated[str, Form()] = "", reason: Annotated[str, Form()] = "",
                     error_type: Annotated[str, Form()] = "", since: Annotated[str, Form()] = "",
                     until: Annotated[str, Form()] = "", fp: Annotated[str, Form()] = "",
-                    q: Annotated[str, Form()] = "", to: Annotated[str, Form()] = TO_ORIGINAL,
+                    q: Annotated[str, Form()] = "", message: Annotated[str, Form()] = "",
+                    to: Annotated[str, Form()] = TO_ORIGINAL,
                     dry_run: Annotated[str, Form()] = "", rate: Annotated[str, Form()] = "",
                     again: Annotated[str, Form()] = "",
                     origin: Annotated[str | None, Header()] = None) -> HTMLResponse:
@@ -280,6 +283,7 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         wanted = ReplayRequest(dlt=dlt, records=records.split() if records else [],
                                reason=reason or None, error_type=error_type or None,
                                fingerprint=fp or None, contains=q or None,
+                               message=message or None,
                                since=since or None, until=until or None, to=to,
                                dry_run=bool(dry_run), rate=rate or None, again=bool(again))
         try:
