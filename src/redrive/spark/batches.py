@@ -30,7 +30,7 @@ from redrive.record import Record
 from redrive.routing import DeadLetter, Retry, Route
 from redrive.spark import ledger, tasks
 from redrive.spark.columns import REDRIVE_COLUMN
-from redrive.spark.failures import route_rows, routing_rows
+from redrive.spark.failures import ROUTE_HERE_MAX, route_rows, routing_rows
 from redrive.spark.outcomes import (
     DEAD_LETTER,
     FAILED,
@@ -168,11 +168,12 @@ class BatchBody:
             self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
             counted, failed, late_s = _tally(frame, output, self.error_column, mine, malformed)
             routes: tuple[Routed, ...] = ()
-            if failed or any(row["status"] == FAILED for row in counted):
+            failed += sum(row["n"] for row in counted if row["status"] == FAILED)
+            if failed:
                 rows = routing_rows(output, self.error_column, source=frame)
                 if any(row["status"] == FAILED for row in counted):
                     rows = rows.unionByName(routing_rows(frame.where(malformed), None))
-                routes = self._route(rows, batch_id, resumed)
+                routes = self._route(rows, batch_id, resumed, failed)
         finally:
             if output is not None:
                 output.unpersist()
@@ -181,9 +182,10 @@ class BatchBody:
 
     # --- routing and the sink ------------------------------------------------------------------
 
-    def _route(self, rows: Any, batch_id: int, resumed: ledger.Entry | None
-               ) -> tuple[Routed, ...]:
-        """Copy failed rows with confirmation; a resumed batch skips copies already written."""
+    def _route(self, rows: Any, batch_id: int, resumed: ledger.Entry | None,
+               failed: int | None = None) -> tuple[Routed, ...]:
+        """Copy failed rows with confirmation; a resumed batch skips copies already written.
+        `failed`, when the batch has counted them, lets few be routed in this process."""
         already: frozenset[ledger.CopyKey] = frozenset()
         if resumed is not None and resumed.state == ledger.ROUTING:
             already = frozenset(ledger.copies_since(self.connection, resumed.marks))
@@ -199,8 +201,9 @@ class BatchBody:
             ledger.append(self._producer(), self.ledger_topic,
                           ledger.Entry(batch_id, ledger.ROUTING, marks,
                                        {"checkpoint": self.checkpoint}))
+        here = failed is not None and failed <= ROUTE_HERE_MAX
         return tuple(route_rows(rows, self.connection, self.group, self.route_policy,
-                                self.partitions, already))
+                                self.partitions, already, here=here))
 
     def _write_sink(self, successes: Any, batch_id: int) -> None:
         F = functions(successes)
@@ -279,8 +282,8 @@ def _outcomes_of(counted: list[Any], routes: tuple[Routed, ...]) -> tuple[Outcom
 
 
 def _tally(frame: Any, output: Any, error_column: str, mine: Any, malformed: Any
-           ) -> tuple[list[Any], bool, tuple[float, ...]]:
-    """A transformed batch's rows by class, whether the transform failed any, and a sample of
+           ) -> tuple[list[Any], int, tuple[float, ...]]:
+    """A transformed batch's rows by class, how many rows the transform failed, and a sample of
     lateness past due, in one Spark job: on Spark Connect each action is a round trip through
     the server."""
     F = functions(frame)
@@ -302,7 +305,7 @@ def _tally(frame: Any, output: Any, error_column: str, mine: Any, malformed: Any
                       F.array().cast("array<double>").alias("late")))
     rows = classes.unionByName(errors).collect()
     counted = [row for row in rows if row["status"] != _ERRORS]
-    failed = any(row["n"] for row in rows if row["status"] == _ERRORS)
+    failed = sum(row["n"] for row in rows if row["status"] == _ERRORS)
     late_s = tuple(value for row in counted for value in row["late"])[:SAMPLE]
     return counted, failed, late_s
 
