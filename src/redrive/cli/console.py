@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from redrive.cli.options import bootstrap_option
+from redrive.delay.service import DEFAULT_GROUP
+from redrive.delay.tiers import DEFAULT_PREFIX
 
 
 @click.command("ui")
@@ -18,12 +20,17 @@ from redrive.cli.options import bootstrap_option
 @click.option("--store-url", envvar="REDRIVE_STORE_URL", default=None,
               help="Also show the retry store (a SQLite path or a database URL) "
                    "[env: REDRIVE_STORE_URL].")
+@click.option("--delay-prefix", default=DEFAULT_PREFIX, show_default=True,
+              help="The delay service's tier topics, whose waiting retries the overview shows.")
+@click.option("--delay-group", default=DEFAULT_GROUP, show_default=True,
+              help="The delay service's consumer group.")
 def ui_command(bootstrap: str, host: str, port: int, token: str | None,
-               store_url: str | None) -> None:
+               store_url: str | None, delay_prefix: str, delay_group: str) -> None:
     """Serve the operations console (dead letters, their causes, replay) until Ctrl-C."""
     try:
         import uvicorn
 
+        from redrive.ops.waiting import DelayTiers
         from redrive.ops.web import create_app
     except ImportError as exc:
         raise click.ClickException(f"the console needs redrive's `ui` extra "
@@ -34,8 +41,9 @@ def ui_command(bootstrap: str, host: str, port: int, token: str | None,
 
     store = RetryStore(store_url) if store_url else None
     try:
-        uvicorn.run(create_app(bootstrap, token=token, store=store), host=host, port=port,
-                    log_level="warning")
+        uvicorn.run(create_app(bootstrap, token=token, store=store,
+                               delay=DelayTiers(delay_prefix, delay_group)),
+                    host=host, port=port, log_level="warning")
     finally:
         if store is not None:
             store.close()

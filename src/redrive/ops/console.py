@@ -9,7 +9,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from redrive import kafka, topics
 from redrive.errors import InvalidArgument, RedriveError
-from redrive.ops import activity, stats
+from redrive.ops import activity, stats, waiting
 from redrive.ops.activity import Activity
 from redrive.ops.deadletters import (
     DeadLetterFilter,
@@ -38,6 +38,7 @@ from redrive.ops.replay import (
     replays_of,
 )
 from redrive.ops.stats import discover_retry_topics
+from redrive.ops.waiting import DEFAULT_DELAY, DelayTiers, Waiting
 from redrive.store import RetryStore
 from redrive.store.rows import RowFilter
 from redrive.store.schema import DEAD, PENDING, STATUSES
@@ -80,9 +81,12 @@ class GroupHealth:
     dead_letters: int
     problem: str | None = None  # why the group's figures could not be read
     activity: Activity | None = None  # what its topics received over the last hour and day
+    # Its retries waiting in the retry store or in the delay service's tiers.
+    elsewhere: tuple[Waiting, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {**vars(self), "activity": self.activity.to_json() if self.activity else None}
+        return {**vars(self), "activity": self.activity.to_json() if self.activity else None,
+                "elsewhere": [asdict(waiting) for waiting in self.elsewhere]}
 
 
 @dataclass(frozen=True)
@@ -180,10 +184,12 @@ class Console:
     """What the pages and the API read and do, over one cluster."""
 
     def __init__(self, connection: kafka.Connection, *, token: str | None,
-                 store: RetryStore | None = None, timeout_s: float = 10.0) -> None:
+                 store: RetryStore | None = None, delay: DelayTiers = DEFAULT_DELAY,
+                 timeout_s: float = 10.0) -> None:
         self.connection = connection
         self.token = token or None
         self.store = store
+        self.delay = delay
         self.timeout_s = timeout_s
 
     # --- reading -------------------------------------------------------------------------------
@@ -205,6 +211,21 @@ class Console:
             return found
         finally:
             consumer.close()
+
+    def groups(self) -> list[GroupHealth]:
+        """Every group with a dead-letter topic, and its health; the store and the delay tiers
+        are read once for all of them."""
+        found = self.dead_letter_topics()
+        sources = [waiting.in_delay_tiers(self.connection, self.delay, self.timeout_s)]
+        if self.store is not None:
+            sources.append(waiting.in_store(self.store))
+        elsewhere: dict[waiting.Key, list[Waiting]] = {}
+        for source in sources:
+            for key, waits in source.items():
+                elsewhere.setdefault(key, []).append(waits)
+        return [replace(self.health(one),
+                        elsewhere=tuple(elsewhere.get((one.group or "", one.topic or ""), ())))
+                for one in found]
 
     def health(self, found: DeadLetterTopic) -> GroupHealth:
         """The figures of `redrive stats` for the group a dead-letter topic belongs to, and

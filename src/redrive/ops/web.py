@@ -34,6 +34,7 @@ from redrive.ops.console import (
 )
 from redrive.ops.deadletters import text
 from redrive.ops.replay import TO_ORIGINAL
+from redrive.ops.waiting import DEFAULT_DELAY, DelayTiers
 from redrive.store import RetryStore
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
@@ -81,10 +82,12 @@ def _bearer(authorization: str | None) -> str | None:
 
 
 def create_app(connection: kafka.Connection, *, token: str | None = None,
-               store: RetryStore | None = None, timeout_s: float = 10.0) -> FastAPI:
+               store: RetryStore | None = None, delay: DelayTiers = DEFAULT_DELAY,
+               timeout_s: float = 10.0) -> FastAPI:
     """The console's web app; serve it with uvicorn (`redrive ui` does). With `store`, it also
-    shows the retry store's rows and can requeue or cancel them."""
-    console = Console(connection, token=token, store=store, timeout_s=timeout_s)
+    shows the retry store's rows and can requeue or cancel them; `delay` names the delay
+    service whose tiers hold the groups' retries (the defaults of `redrive delay run`)."""
+    console = Console(connection, token=token, store=store, delay=delay, timeout_s=timeout_s)
     app = FastAPI(title="redrive console", version="1",
                   description="Dead letters of a Kafka cluster, and their replay.")
 
@@ -99,11 +102,10 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def overview(request: Request) -> HTMLResponse:
         try:
-            found = console.dead_letter_topics()
+            groups = console.groups()
         except (KafkaException, RedriveError) as exc:
             return page(request, "overview.html", 503, groups=[], down=str(exc))
-        return page(request, "overview.html", groups=[console.health(t) for t in found],
-                    down=None, now=now_ms())
+        return page(request, "overview.html", groups=groups, down=None, now=now_ms())
 
     @app.get("/api/groups")
     def api_groups() -> list[dict[str, Any]]:
@@ -111,9 +113,11 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         its retry topics (the oldest, the next due), and its dead letters; and (`activity`)
         the records written to its main, retry and dead-letter topics over the last hour and
         day, with per-minute rates over the hour, and the dead letters of each window by
-        reason (`complete` false: only the newest were read, the counts are lower bounds)."""
+        reason (`complete` false: only the newest were read, the counts are lower bounds);
+        and (`elsewhere`) its retries waiting in the retry store (with --store-url) or in the
+        delay service's tiers: how many, the oldest, the next due."""
         try:
-            return [console.health(found).to_json() for found in console.dead_letter_topics()]
+            return [health.to_json() for health in console.groups()]
         except (KafkaException, RedriveError) as exc:
             raise HTTPException(503, f"the cluster cannot be read: {exc}") from exc
 

@@ -355,6 +355,17 @@ class RetryStore:
                 out[(group, topic)][status] = int(count)
         return dict(out)
 
+    def waiting_by_group(self) -> dict[tuple[str, str], tuple[int, int, int]]:
+        """Per (group, original topic), rows not finished (pending, in flight or parked): how
+        many, the oldest row's creation time and the earliest due time."""
+        c = retries.c
+        query = (select(c.group_id, c.topic, func.count(), func.min(c.created_ms),
+                        func.min(c.due_ms))
+                 .where(c.status.in_(ACTIVE)).group_by(c.group_id, c.topic))
+        with self._begin(read_only=True) as conn:
+            return {(group, topic): (int(count), int(oldest), int(due))
+                    for group, topic, count, oldest, due in conn.execute(query)}
+
     def oldest_pending_due_ms(self) -> int | None:
         """The earliest due time among pending rows (indexed: the scheduler asks every pass)."""
         query = select(func.min(retries.c.due_ms)).where(retries.c.status == PENDING)

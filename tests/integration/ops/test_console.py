@@ -19,6 +19,7 @@ from redrive.consumer import RetryingConsumer
 from redrive.ops import activity
 from redrive.ops.console import fingerprint
 from redrive.ops.replay import read_log
+from redrive.ops.waiting import DelayTiers
 from redrive.ops.web import create_app
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
@@ -446,3 +447,47 @@ def test_an_invalid_message_regex_names_the_field(bootstrap: str, new_topic: New
     form = web.post(f"/dead-letters/{dlt}/replay", data={"token": TOKEN, **bad})
     assert form.status_code == 400 and "invalid message=&#39;(&#39;" in form.text
     assert topic_sizes(bootstrap, origin)[origin] == 0 and read_log(bootstrap, dlt) == {}
+
+
+def test_the_overview_shows_retries_waiting_in_the_store_and_the_delay_tiers(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, tmp_path: Path) -> None:
+    topic, group = new_topic(1), "waits"
+    dlt = f"{topic}.{group}.dlt"
+    prefix = unique_name("tiers")
+    kafka.create_topics(kafka.admin(bootstrap), {dlt: 1, f"{prefix}.1s": 2, f"{prefix}.dlt": 1})
+    at = now_ms()
+    written(bootstrap, [(dlt, 0, 1, [(h.REASON, b"exhausted"), (h.GROUP, group.encode())])], at)
+
+    def copy(partition: int, minutes: int, owner: str, target: str, due: int
+             ) -> tuple[str, int, int, list[tuple[str, bytes]]]:
+        return (f"{prefix}.1s", partition, minutes, [
+            (h.GROUP, owner.encode()), (h.TARGET, target.encode()), (h.DUE, b"%d" % due)])
+
+    # Three of this group's copies back to its topic; others of another group or topic.
+    written(bootstrap, [copy(0, 5, group, topic, at + 9_000), copy(0, 4, "other", topic, at),
+                        copy(0, 3, group, topic, at + 7_000), copy(1, 2, group, topic, at + 8_000),
+                        copy(1, 1, group, "elsewhere", at)], at)
+    store = RetryStore(str(tmp_path / "store.db"))
+    try:
+        store.write([Entry(group=owner, topic=topic, partition=0, offset=o, timestamp_ms=at,
+                           key=None, mode="payload", value=b"v", headers=[], target=None,
+                           attempt=1, first_failure_ms=at, due_ms=at + due, status=status,
+                           reason=None, error_type="app.Boom", error_message="boom",
+                           error_trace="", ordered=False)
+                     for o, (owner, due, status) in enumerate([
+                         (group, 60_000, PENDING), (group, 30_000, PENDING),
+                         (group, 1_000, DEAD), ("other", 5_000, PENDING)])], [])
+        web = TestClient(create_app(bootstrap, store=store, timeout_s=5.0,
+                                    delay=DelayTiers(prefix, unique_name("service"))))
+        row = next(g for g in web.get("/api/groups").json()
+                   if (g["group"], g["topic"]) == (group, topic))
+        waits = {w["where"]: w for w in row["elsewhere"]}
+        assert (waits["delay tiers"]["records"], waits["delay tiers"]["complete"]) == (3, True)
+        assert waits["delay tiers"]["next_due_ms"] == at + 7_000
+        assert waits["delay tiers"]["oldest_ms"] == at - 5 * MINUTE_MS
+        assert (waits["store"]["records"], waits["store"]["next_due_ms"]) == (2, at + 30_000)
+        assert waits["store"]["oldest_ms"] >= at
+        page = web.get("/").text
+        assert "3 in the delay tiers" in page and "2 in the store" in page
+    finally:
+        store.close()
