@@ -293,6 +293,19 @@ def read_topic(connection: Connection, topic: str, partitions: int, *, idle_s: f
         reader_consumer.close()
 
 
+def read_ranges(connection: Connection, ranges: Sequence[PartitionRange], *,
+                idle_s: float) -> Iterator[Message]:
+    """The records of these ranges, read by a consumer of their own that the end closes."""
+    errors = LastClientError()
+    reader_consumer = range_consumer(connection, errors=errors)
+    try:
+        reader = RangeReader(reader_consumer, ranges, idle_s=idle_s, errors=errors)
+        for chunk in reader.chunks():
+            yield from chunk.messages
+    finally:
+        reader_consumer.close()
+
+
 def heads(connection: Connection, ranges: Sequence[PartitionRange], *,
           idle_s: float) -> dict[PartitionKey, Record]:
     """The first record of each range (markers and aborted records are passed over), for the

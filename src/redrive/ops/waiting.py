@@ -19,7 +19,7 @@ from redrive.delay.service import DEFAULT_GROUP
 from redrive.delay.tiers import DEAD_LETTER_SUFFIX, DEFAULT_PREFIX
 from redrive.errors import MalformedHeader
 from redrive.kafka.admin import partition_offsets
-from redrive.kafka.ranges import LastClientError, PartitionRange, RangeReader, range_consumer
+from redrive.kafka.ranges import PartitionRange, read_ranges
 from redrive.store import RetryStore
 
 STORE = "store"
@@ -79,24 +79,15 @@ def in_delay_tiers(connection: kafka.Connection, delay: DelayTiers, timeout_s: f
                              else start + max(1, READ_CAP * (high - start) // total))
               for (topic, p), (start, high) in spans.items()]
     found: dict[Key, list[tuple[int, int | None]]] = {}
-    if ranges:
-        errors = LastClientError()
-        reader_consumer = range_consumer(connection, errors=errors)
+    for message in read_ranges(connection, ranges, idle_s=timeout_s) if ranges else ():
+        pairs = h.normalize(message.headers() or [])
         try:
-            reader = RangeReader(reader_consumer, ranges, idle_s=timeout_s, errors=errors)
-            for chunk in reader.chunks():
-                for message in chunk.messages:
-                    pairs = h.normalize(message.headers() or [])
-                    try:
-                        key = (h.text_of(pairs, h.GROUP), h.text_of(pairs, h.TARGET))
-                        due = gate.due_of(pairs)
-                    except MalformedHeader:
-                        continue  # the service dead-letters it; it is not a retry that waits
-                    if key[0] is not None and key[1] is not None:
-                        found.setdefault((key[0], key[1]), []).append(
-                            (message.timestamp()[1], due))
-        finally:
-            reader_consumer.close()
+            group, target = h.text_of(pairs, h.GROUP), h.text_of(pairs, h.TARGET)
+            due = gate.due_of(pairs)
+        except MalformedHeader:
+            continue  # the service dead-letters it; it is not a retry that waits
+        if group is not None and target is not None:
+            found.setdefault((group, target), []).append((message.timestamp()[1], due))
     complete = all(r.end == spans[(r.topic, r.partition)][1] for r in ranges)
     return {key: Waiting(DELAY_TIERS, len(copies), min(stamp for stamp, _ in copies),
                          min((due for _, due in copies if due is not None), default=None),

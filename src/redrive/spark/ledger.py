@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, Producer
 from redrive import headers as h
 from redrive import kafka, topics
 from redrive.errors import MalformedHeader
-from redrive.kafka.ranges import LastClientError, PartitionRange, RangeReader, range_consumer
+from redrive.kafka.ranges import PartitionRange, read_ranges
 
 ROUTING, DONE = "routing", "done"
 # A copy is known by its origin and the attempt it carries: a replayed batch routes the same
@@ -73,16 +73,9 @@ def last(connection: kafka.Connection, topic: str) -> Entry | None:
 
 
 def read(connection: kafka.Connection, topic: str, start: int, end: int) -> Iterator[Entry]:
-    errors = LastClientError()
-    consumer = range_consumer(connection, errors=errors)
-    try:
-        reader = RangeReader(consumer, [PartitionRange(topic, 0, start, end)],
-                             idle_s=_READ_IDLE_S, errors=errors)
-        for chunk in reader.chunks():
-            for message in chunk.messages:
-                yield Entry.decode(message.value())
-    finally:
-        consumer.close()
+    for message in read_ranges(connection, [PartitionRange(topic, 0, start, end)],
+                               idle_s=_READ_IDLE_S):
+        yield Entry.decode(message.value())
 
 
 class Follower:
@@ -129,17 +122,10 @@ def copies_since(connection: kafka.Connection, marks: Mapping[str, int]) -> set[
     found: set[CopyKey] = set()
     if not ranges:
         return found
-    errors = LastClientError()
-    reader_consumer = range_consumer(connection, errors=errors)
-    try:
-        reader = RangeReader(reader_consumer, ranges, idle_s=_READ_IDLE_S, errors=errors)
-        for chunk in reader.chunks():
-            for message in chunk.messages:
-                key = copy_key(message.headers() or [])
-                if key is not None:
-                    found.add(key)
-    finally:
-        reader_consumer.close()
+    for message in read_ranges(connection, ranges, idle_s=_READ_IDLE_S):
+        key = copy_key(message.headers() or [])
+        if key is not None:
+            found.add(key)
     return found
 
 
