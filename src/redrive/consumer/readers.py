@@ -49,6 +49,9 @@ class Readers:
         self._resting: dict[tuple[str, int], int] | None = None  # rested partition -> position
         self._wake_at = 0.0
         self._at_end: set[tuple[str, int]] = set()  # partitions that reported their end
+        # Where the reader was last placed in a partition (assigned at an offset, sought): its
+        # position() is OFFSET_INVALID from then until it consumes a record there.
+        self._placed: dict[tuple[str, int], int] = {}
 
     @classmethod
     def open(cls, connection: kafka.Connection, group: str, config: Mapping[str, Any],
@@ -94,6 +97,8 @@ class Readers:
         self.reader.incremental_assign([TopicPartition(p.topic, p.partition, OFFSET_INVALID)
                                         for p in retry])
         self._reading.update((str(p.topic), int(p.partition)) for p in retry)
+        for p in retry:
+            self._placed.pop((str(p.topic), int(p.partition)), None)
 
     def revoked(self, partitions: Sequence[TopicPartition]) -> None:
         """Called from the member's revoke or lost callback, once nothing of them is pending."""
@@ -112,6 +117,7 @@ class Readers:
             resting.pop(tp, None)
             self._at_end.discard(tp)
             self._reading.discard(tp)
+            self._placed.pop(tp, None)
 
     # --- fetching ------------------------------------------------------------------------------
 
@@ -125,6 +131,7 @@ class Readers:
             if self._resting:
                 self.reader.incremental_assign([TopicPartition(t, p, offset)
                                                 for (t, p), offset in self._resting.items()])
+                self._placed.update(self._resting)
             self._resting = None
             self._at_end.clear()
         messages = self.reader.consume(count, 0)
@@ -149,8 +156,15 @@ class Readers:
         positions = self.reader.position(active) if active else []
         if active:
             self.reader.incremental_unassign(active)
-        # OFFSET_INVALID (nothing read since assigned) assigns again at the committed offset.
-        self._resting = {(str(tp.topic), int(tp.partition)): int(tp.offset) for tp in positions}
+        # Nothing consumed since the partition was placed: it rests where it was placed (taking
+        # the committed offset instead would read again every record handled since the last
+        # commit, at every rest while a commit waits for its copies). OFFSET_INVALID (nothing
+        # read since the group's assignment) assigns again at the committed offset.
+        self._resting = {}
+        for tp in positions:
+            key = (str(tp.topic), int(tp.partition))
+            self._resting[key] = int(tp.offset) if tp.offset >= 0 else self._placed.get(
+                key, OFFSET_INVALID)
         self._wake_at = now + REST_S
 
     def consume(self, count: int, wait_s: float) -> list[Message]:
@@ -181,6 +195,7 @@ class Readers:
                   for p in retry if (p.topic, p.partition) in self._parked]
         if parked and self.reader is not None:
             self.reader.incremental_assign(parked)
+            self._placed.update(((p.topic, p.partition), p.offset) for p in parked)
 
     def seek(self, partition: TopicPartition) -> None:
         tp = (partition.topic, partition.partition)
@@ -190,6 +205,7 @@ class Readers:
             self._resting[tp] = partition.offset
         elif partition.topic in self._retry_topics and self.reader is not None:
             self.reader.seek(partition)
+            self._placed[tp] = partition.offset
         else:
             self.member.seek(partition)
 

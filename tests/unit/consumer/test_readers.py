@@ -130,3 +130,43 @@ def test_without_retry_topics_there_is_no_reader() -> None:
     readers.assigned([TopicPartition(MAIN, 0)])
     assert member.made == [] and not readers.reading_retries
     assert readers.consume_retries(10) == []
+
+
+def test_a_partition_woken_at_its_offset_rests_there_again_until_it_reads_a_record() -> None:
+    # librdkafka's position() is OFFSET_INVALID after an assign at an offset or a seek, until a
+    # record is consumed: resting then at "OFFSET_INVALID" went back to the committed offset and
+    # read again every record handled since (seen while commits waited for their copies).
+    readers, _, reader = started()
+    reader.positions = {(RETRY, 0): 12, (RETRY, 1): 30}
+    reader.queue = [Message(RETRY, 0, eof=True), Message(RETRY, 1, eof=True)]
+    assert readers.consume_retries(10) == []
+    readers._wake_at = 0.0
+    reader.positions = {}  # placed again, nothing consumed since
+    reader.queue = [Message(RETRY, 0, eof=True), Message(RETRY, 1, eof=True)]
+    assert readers.consume_retries(10) == []
+    readers._wake_at = 0.0
+    reader.made.clear()
+    readers.consume_retries(10)
+    assert reader.made == [("incremental_assign", [(RETRY, 0, 12), (RETRY, 1, 30)])]
+
+
+def test_a_rewound_or_resumed_partition_rests_where_it_was_placed() -> None:
+    readers, _, reader = started()
+    readers.seek(TopicPartition(RETRY, 0, 3))  # a rewind of a partition being read
+    readers.pause([TopicPartition(RETRY, 1, 40)])
+    readers.resume([TopicPartition(RETRY, 1)])
+    reader.queue = [Message(RETRY, 0, eof=True), Message(RETRY, 1, eof=True)]
+    assert readers.consume_retries(10) == []
+    readers._wake_at = 0.0
+    reader.made.clear()
+    readers.consume_retries(10)
+    assert reader.made == [("incremental_assign", [(RETRY, 0, 3), (RETRY, 1, 40)])]
+    # A new assignment by the group starts again from the committed offset.
+    readers.revoked([TopicPartition(RETRY, 0), TopicPartition(RETRY, 1)])
+    readers.assigned([TopicPartition(RETRY, 0)])
+    reader.queue = [Message(RETRY, 0, eof=True)]
+    assert readers.consume_retries(10) == []
+    readers._wake_at = 0.0
+    reader.made.clear()
+    readers.consume_retries(10)
+    assert reader.made == [("incremental_assign", [(RETRY, 0, OFFSET_INVALID)])]
