@@ -1,0 +1,170 @@
+"""Counting what became of every record, from the broker and from the sink.
+
+Each fault knows what should become of each number it sent ("ok": handled successfully; "dead":
+dead-lettered; "skip": left alone, as another group's). It reads the successes from its sink
+(the handler's log, or the Spark pipeline's output), the dead letters from the broker (or the
+store), and the copies redrive made on the way, and turns them into one Outcome.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import TopicPartition
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.kafka.ranges import PartitionRange, read_ranges
+
+AT_LEAST_ONCE = "at-least-once"
+TRANSACTIONAL = "transactional"
+EXACTLY_ONCE = "exactly-once"
+CLEAN_STOP = "clean stop"
+# Modes whose promise includes "nothing twice" for the outputs the fault counts.
+NO_DUPLICATES = (TRANSACTIONAL, EXACTLY_ONCE, CLEAN_STOP)
+
+
+@dataclass(frozen=True)
+class Read:
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+    @property
+    def number(self) -> int:
+        try:
+            return int(self.value or b"-1")
+        except ValueError:
+            return -1
+
+    def header(self, name: str) -> str | None:
+        raw = h.last(self.headers, name)
+        return None if raw is None else raw.decode(errors="replace")
+
+
+def read_topic(bootstrap: str, topic: str, *, start: dict[int, int] | None = None) -> list[Read]:
+    """Every committed record of a topic (from `start` offsets per partition), read_committed;
+    nothing for a topic that does not exist."""
+    admin = kafka.admin(bootstrap)
+    partitions = kafka.topic_partitions(admin).get(topic, 0)
+    if not partitions:
+        return []
+    probe = kafka.consumer(bootstrap)
+    try:
+        ranges = []
+        for partition in range(partitions):
+            low, high = kafka.watermarks(probe, topic, partition)
+            first = max(low, (start or {}).get(partition, low))
+            if high > first:
+                ranges.append(PartitionRange(topic, partition, first, high))
+    finally:
+        probe.close()
+    if not ranges:
+        return []
+    return [Read(str(m.topic()), int(m.partition() or 0), int(m.offset() or 0), m.value(),
+                 kafka.message_headers(m)) for m in read_ranges(bootstrap, ranges, idle_s=30)]
+
+
+def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offset of each partition of the topic that has one."""
+    partitions = kafka.topic_partitions(kafka.admin(bootstrap)).get(topic, 0)
+    if not partitions:
+        return {}
+    member = kafka.consumer(bootstrap, group)
+    try:
+        found = member.committed([TopicPartition(topic, p) for p in range(partitions)], 10)
+    finally:
+        member.close()
+    return {int(tp.partition): int(tp.offset) for tp in found if tp.offset >= 0}
+
+
+def waiting(bootstrap: str, group: str, topics: Iterable[str]) -> list[Read]:
+    """Records past `group`'s committed offsets: still to be read by it, so not lost."""
+    out: list[Read] = []
+    for topic in topics:
+        out += read_topic(bootstrap, topic, start=committed(bootstrap, group, topic))
+    return out
+
+
+def copy_key(read: Read) -> tuple[str | None, str | None, str | None, str | None]:
+    """What makes a retry copy one: the record it copies, and after which failure."""
+    return (read.header(h.ORIGINAL_TOPIC), read.header(h.ORIGINAL_PARTITION),
+            read.header(h.ORIGINAL_OFFSET), read.header(h.ATTEMPT))
+
+
+def repeats(counts: Counter[object]) -> int:
+    return sum(n - 1 for n in counts.values() if n > 1)
+
+
+def sink_successes(log: Path) -> Counter[int]:
+    """Numbers the worker's handler finished, from its log (a line cut by SIGKILL is skipped)."""
+    if not log.exists():
+        return Counter()
+    out: Counter[int] = Counter()
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 8 and parts[5] == "ok":
+            out[int(parts[0])] += 1
+    return out
+
+
+@dataclass
+class Outcome:
+    fault: str
+    mode: str
+    sent: int = 0
+    succeeded: int = 0
+    dead_lettered: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    rehandled: int = 0
+    misrouted: int = 0
+    stuck: int = 0
+    crashes: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def promises_no_duplicates(self) -> bool:
+        return self.mode in NO_DUPLICATES
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.lost or self.misrouted or self.stuck or self.crashes
+                    or (self.promises_no_duplicates and self.duplicated))
+
+    def line(self) -> str:
+        return (f"{self.fault} ({self.mode}): sent {self.sent}, succeeded {self.succeeded}, "
+                f"dead-lettered {self.dead_lettered}, lost {self.lost}, "
+                f"duplicated {self.duplicated}")
+
+    def tally(self, expected: dict[int, str], successes: Counter[int], dead: Counter[int], *,
+              in_flight: Iterable[int] = (), copies_twice: int = 0,
+              sink_covered: bool = True) -> Outcome:
+        """Fill the counts. `dead` maps numbers to their dead letters; `in_flight` names
+        numbers still waiting inside redrive (a retry topic past the group's commit, a store
+        row); `copies_twice` counts copies redrive made twice that the mode promises once;
+        sink_covered: the mode promises each success once (else repeats are only `rehandled`)."""
+        self.sent = len(expected)
+        self.succeeded = len(set(successes) & set(expected))
+        self.dead_lettered = len(set(dead) & set(expected))
+        skipped = {n for n, kind in expected.items() if kind == "skip"}
+        unfinished = set(expected) - skipped - set(successes) - set(dead)
+        waiting = unfinished & set(in_flight)
+        self.stuck = len(waiting)
+        self.lost = len(unfinished - waiting)
+        # "skip": another group's record, neither handled nor dead-lettered by this one.
+        self.misrouted = (sum(1 for n in successes if expected.get(n, "dead") != "ok")
+                          + sum(1 for n in dead if expected.get(n, "ok") == "ok"))
+        self.rehandled = repeats(Counter(successes))
+        self.duplicated = repeats(Counter(dead)) + copies_twice + (
+            self.rehandled if sink_covered else 0)
+        if unfinished:
+            sample = sorted(unfinished)[:10]
+            self.notes.append(f"unfinished numbers (first 10): {sample}")
+        return self

@@ -1,0 +1,155 @@
+"""The faults on RetryingConsumer processes and on the broker under them.
+
+Each returns one Outcome. Kills are timed by progress (the share of successes in the sink), so
+they land mid-run whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaoslib.count import (
+    AT_LEAST_ONCE,
+    CLEAN_STOP,
+    TRANSACTIONAL,
+    Outcome,
+    copy_key,
+    read_topic,
+    repeats,
+    waiting,
+)
+from chaoslib.runs import ConsumerRun
+from redrive.dev.brokers import DevBroker
+
+RESTART_PAUSE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each fault's run is: --quick for `make test`, the full suite for `make chaos`."""
+
+    quick: bool
+
+    def records(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+    @property
+    def finish_s(self) -> float:
+        return 90.0 if self.quick else 240.0
+
+
+def finish(run: ConsumerRun, fault: str, mode: str, sizes: Sizes) -> Outcome:
+    """Wait until every number is finished, SIGTERM every part, and count: the sink, the
+    dead-letter topic, the retry topic's copies, and what still waits past the group's commit."""
+    done = run.wait_finished(run.dead, sizes.finish_s)
+    run.stop_all()
+    outcome = run.outcome(fault, mode)
+    if not done:
+        outcome.notes.append(f"not finished within {sizes.finish_s:.0f} s")
+    copies = read_topic(run.bootstrap, run.retry_topic)
+    reasons = Counter(r.header("redrive-reason") for r in run.dead_letters())
+    if set(reasons) - {"exhausted"}:
+        outcome.notes.append(f"dead-letter reasons: {dict(reasons)}")
+    in_flight = {r.number for r in waiting(run.bootstrap, run.group,
+                                           [run.topic, run.retry_topic])}
+    transactional = mode == TRANSACTIONAL
+    return outcome.tally(run.expected, run.successes(), run.dead(), in_flight=in_flight,
+                         copies_twice=repeats(Counter(copy_key(c) for c in copies))
+                         if transactional else 0,
+                         sink_covered=not transactional)
+
+
+def mode_args(mode: str) -> list[str]:
+    return ["--transactional"] if mode == TRANSACTIONAL else []
+
+
+def consumer_kill(bootstrap: str, scratch: Path, sizes: Sizes, mode: str) -> Outcome:
+    """Two static members in one group; one of them SIGKILLed three times and restarted."""
+    fault = "consumer SIGKILL x3 (2 members)"
+    run = ConsumerRun(bootstrap, scratch, f"kill-{mode[:3]}", sizes.records(20_000, 1_500),
+                      handler_ms=0.5 if not sizes.quick else 2.0, worker_args=mode_args(mode))
+    try:
+        workers = [run.worker("a").start(), run.worker("b").start()]
+        for kill, at in enumerate((0.2, 0.45, 0.7)):
+            run.wait_progress(at)
+            victim = workers[kill % 2]
+            victim.wait_ready()
+            victim.kill()
+            time.sleep(RESTART_PAUSE_S)
+            victim.start()
+        return finish(run, fault, mode, sizes)
+    finally:
+        run.abandon()
+
+
+def consumer_term(bootstrap: str, scratch: Path, sizes: Sizes) -> Outcome:
+    """Two static members; each SIGTERMed once mid-run (it must stop cleanly) and restarted."""
+    fault = "consumer SIGTERM + restart, each member"
+    run = ConsumerRun(bootstrap, scratch, "term", sizes.records(10_000, 1_500),
+                      handler_ms=0.5 if not sizes.quick else 2.0)
+    try:
+        workers = [run.worker("a").start(), run.worker("b").start()]
+        for worker, at in zip(workers, (0.3, 0.6), strict=True):
+            run.wait_progress(at)
+            worker.wait_ready()
+            worker.terminate()
+            worker.start()
+        return finish(run, fault, CLEAN_STOP, sizes)
+    finally:
+        run.abandon()
+
+
+def broker_kill(scratch: Path, sizes: Sizes, mode: str) -> Outcome:
+    """The broker SIGKILLed and started again on the same data dir while a consumer runs."""
+    fault = "broker SIGKILL + restart"
+    broker = DevBroker("noida-db", data_dir=scratch / f"broker-kill-{mode[:3]}").start(60)
+    try:
+        run = ConsumerRun(broker.bootstrap, scratch, f"bkill-{mode[:3]}",
+                          sizes.records(20_000, 2_000), handler_ms=0.5,
+                          worker_args=mode_args(mode))
+        try:
+            time.sleep(1.5)  # noida-db keeps what it wrote over a second ago (brokers.md)
+            run.worker("a").start()
+            run.wait_progress(0.3)
+            broker.kill()
+            time.sleep(1.0)
+            broker.start(60)
+            return finish(run, fault, mode, sizes)
+        finally:
+            run.abandon()
+    finally:
+        broker.close()
+
+
+def broker_stop(scratch: Path, sizes: Sizes, mode: str, stopped_s: float = 30.0) -> Outcome:
+    """The broker stopped with SIGSTOP for 30 s, then continued, while a consumer runs."""
+    fault = f"broker SIGSTOP {stopped_s:.0f} s"
+    broker = DevBroker("noida-db", data_dir=scratch / f"broker-stop-{mode[:3]}").start(60)
+    try:
+        run = ConsumerRun(broker.bootstrap, scratch, f"bstop-{mode[:3]}",
+                          sizes.records(20_000, 2_000), handler_ms=0.5,
+                          worker_args=mode_args(mode))
+        try:
+            run.worker("a").start()
+            run.wait_progress(0.3)
+            pid = broker.pid
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(stopped_s)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            return finish(run, fault, mode, sizes)
+        finally:
+            run.abandon()
+    finally:
+        broker.close()
+
+
+__all__ = ["AT_LEAST_ONCE", "TRANSACTIONAL", "Sizes", "broker_kill", "broker_stop",
+           "consumer_kill", "consumer_term"]

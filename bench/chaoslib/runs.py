@@ -1,0 +1,135 @@
+"""One consumer workload on a broker: its topic, its workers, its sink, its progress."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from chaoslib import workload
+from chaoslib.count import Outcome, Read, read_topic, sink_successes
+from chaoslib.procs import Part, python
+from redrive import kafka
+
+POLL_S = 0.5
+
+
+def unique(prefix: str) -> str:
+    return f"chaos-{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = kafka.admin(bootstrap)
+    kafka.create_topics(admin, {topic: partitions})
+    deadline = time.monotonic() + 30
+    while kafka.topic_partitions(admin).get(topic) != partitions:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {topic} not created in 30 s")
+        time.sleep(0.05)
+
+
+def expected_of(records: int) -> dict[int, str]:
+    return {n: "dead" if workload.always_fails(n) else "ok" for n in range(records)}
+
+
+class ConsumerRun:
+    """N numbered records in a new topic and the workers that handle them (as processes)."""
+
+    def __init__(self, bootstrap: str, scratch: Path, name: str, records: int, *,
+                 partitions: int = 4, handler_ms: float = 0.5, worker_args: Sequence[str] = (),
+                 expected: dict[int, str] | None = None, produce: bool = True) -> None:
+        self.bootstrap = bootstrap
+        self.name = name
+        self.topic, self.group = unique(name), unique(f"{name}-g")
+        self.log = scratch / f"{name}.sink"
+        self.scratch = scratch
+        self.expected = expected if expected is not None else expected_of(records)
+        self.handler_ms = handler_ms
+        self.worker_args = list(worker_args)
+        self.parts: list[Part] = []
+        self.started = time.monotonic()
+        create_topic(bootstrap, self.topic, partitions)
+        if produce:
+            producer = kafka.producer(bootstrap)
+            for value in workload.values(records):
+                kafka.produce(producer, kafka.OutRecord(self.topic, value, value))
+            if producer.flush(60):
+                raise RuntimeError(f"{name}: records not acknowledged in 60 s")
+
+    @property
+    def dlt(self) -> str:
+        return f"{self.topic}.{self.group}.dlt"
+
+    @property
+    def retry_topic(self) -> str:
+        return f"{self.topic}.{self.group}.retry.{workload.DELAY}"
+
+    def worker(self, instance: str, *extra: str) -> Part:
+        command = python("-m", "chaoslib.worker", "--bootstrap", self.bootstrap,
+                         "--topic", self.topic, "--group", self.group, "--log", str(self.log),
+                         "--instance", instance, "--handler-ms", str(self.handler_ms),
+                         *self.worker_args, *extra)
+        return self.add(Part(f"worker {instance}", command,
+                             self.scratch / f"{self.name}.{instance}.out", ready_text="started"))
+
+    def add(self, part: Part) -> Part:
+        self.parts.append(part)
+        return part
+
+    def successes(self) -> Counter[int]:
+        return sink_successes(self.log)
+
+    def dead_letters(self) -> list[Read]:
+        return read_topic(self.bootstrap, self.dlt)
+
+    def dead(self) -> Counter[int]:
+        return Counter(r.number for r in self.dead_letters())
+
+    def progress(self) -> float:
+        wanted = sum(1 for kind in self.expected.values() if kind == "ok")
+        return len(self.successes()) / max(1, wanted)
+
+    def wait_progress(self, fraction: float, timeout_s: float = 120.0) -> None:
+        """Until that share of the successes is in the sink (or a part crashed, or time ran
+        out: the fault is injected then anyway, and the counts tell the rest)."""
+        deadline = time.monotonic() + timeout_s
+        while self.progress() < fraction and time.monotonic() < deadline:
+            if not self.check_parts():
+                return
+            time.sleep(0.05)
+
+    def check_parts(self) -> bool:
+        for part in self.parts:
+            if part.process is not None:
+                part.check()
+        return not any(part.crashes for part in self.parts)
+
+    def wait_finished(self, dead: Callable[[], Counter[int]], timeout_s: float) -> bool:
+        """Until every number succeeded or was dead-lettered."""
+        deadline = time.monotonic() + timeout_s
+        wanted = {n for n, kind in self.expected.items() if kind != "skip"}
+        while time.monotonic() < deadline:
+            self.check_parts()
+            done = set(self.successes())
+            if wanted - done <= set(dead()):
+                return True
+            time.sleep(POLL_S * 4)
+        return False
+
+    def stop_all(self) -> None:
+        for part in self.parts:
+            part.wait_ready(timeout_s=10.0)
+            part.terminate()
+
+    def abandon(self) -> None:
+        for part in self.parts:
+            part.abandon()
+
+    def outcome(self, fault: str, mode: str) -> Outcome:
+        outcome = Outcome(fault, mode)
+        outcome.crashes = sum(len(part.crashes) for part in self.parts)
+        outcome.notes += [crash for part in self.parts for crash in part.crashes]
+        outcome.seconds = time.monotonic() - self.started
+        return outcome
