@@ -6,7 +6,7 @@ PY = .venv/bin/python
 VENV_STAMP = .venv/.installed-from-pyproject
 LINT_PATHS = $(wildcard src tests bench demo)
 
-.PHONY: .venv librdkafka tools postgres browser test demo lint typecheck pytest unit integration fuzz clean
+.PHONY: .venv librdkafka tools postgres browser test demo lint typecheck pytest unit integration fuzz chaos clean
 
 .venv: $(VENV_STAMP)
 
@@ -66,6 +66,11 @@ integration: .venv tools postgres browser
 # answers, then their tests on those builds (tests/fuzz/run.py). `make test` runs a short fuzz.
 fuzz: .venv tools
 	PYTHONPATH=tests $(PY) -m fuzz.run
+
+# Every fault of bench/chaos.py at full size (under 15 minutes on 2 cores): components killed,
+# stopped and fed garbage, each record counted. `make test` runs a quick subset.
+chaos: .venv tools postgres
+	$(PY) bench/chaos.py
 
 # The project's main job: a PySpark retry pipeline on the embedded broker (see README).
 demo: .venv

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from chaoslib import faults, malformed, services
+from chaoslib import faults, malformed, services, spark_fault
 from chaoslib.count import AT_LEAST_ONCE, TRANSACTIONAL, Outcome
 from chaoslib.faults import Sizes
 from redrive.dev.brokers import DevBroker
@@ -16,14 +16,18 @@ from redrive.dev.postgres import DevPostgres
 
 
 class Context:
-    def __init__(self, scratch: Path, sizes: Sizes) -> None:
+    def __init__(self, scratch: Path, sizes: Sizes, bootstrap: str | None = None) -> None:
         self.scratch = scratch
         self.sizes = sizes
+        self._bootstrap = bootstrap
         self._broker: DevBroker | None = None
         self._postgres: DevPostgres | None = None
 
     @property
     def bootstrap(self) -> str:
+        """The broker every fault shares that does not stop it (given, or started once)."""
+        if self._bootstrap is not None:
+            return self._bootstrap
         if self._broker is None:
             self._broker = DevBroker("noida-db", data_dir=self.scratch / "broker").start(60)
         return self._broker.bootstrap
@@ -63,6 +67,7 @@ FAULTS: dict[str, Fault] = {
     "store-kill-postgresql": lambda c: services.store_scheduler(
         c.bootstrap, c.scratch, c.sizes, c.postgres_url(), "PostgreSQL", signal.SIGKILL),
     "malformed-headers": lambda c: malformed.malformed_headers(c.bootstrap, c.scratch, c.sizes),
+    "spark-driver-kill": lambda c: spark_fault.spark_driver(c.bootstrap, c.scratch, c.sizes),
     "consumer-term": lambda c: faults.consumer_term(c.bootstrap, c.scratch, c.sizes),
     "delay-term": lambda c: services.delay_service(c.bootstrap, c.scratch, c.sizes,
                                                    signal.SIGTERM),
@@ -71,4 +76,4 @@ FAULTS: dict[str, Fault] = {
         signal.SIGTERM),
 }
 # What `make test` runs (tests/integration/test_chaos_quick.py), at --quick sizes.
-QUICK = ["consumer-kill-tx", "consumer-term"]
+QUICK = ["consumer-kill-tx", "consumer-term", "malformed-headers"]
