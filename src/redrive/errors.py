@@ -30,11 +30,18 @@ class MalformedHeader(RedriveError, ValueError):
 
 
 class DeliveryFailed(RedriveError):
-    """The broker did not acknowledge a produced record; the caller must not commit past it."""
+    """The broker did not acknowledge a produced record; the caller must not commit past it.
 
-    def __init__(self, topic: str, partition: int | None, why: str) -> None:
+    unanswered: the broker did not answer in time (an outage), rather than refusing the record.
+    fatal: the producer failed for good (librdkafka's fatal error) and must be replaced.
+    """
+
+    def __init__(self, topic: str, partition: int | None, why: str, *,
+                 unanswered: bool = False, fatal: bool = False) -> None:
         self.topic = topic
         self.partition = partition
+        self.unanswered = unanswered
+        self.fatal = fatal
         where = topic if partition is None or partition < 0 else f"{topic}[{partition}]"
         super().__init__(f"delivery to {where} failed: {why}")
 

@@ -138,6 +138,9 @@ class Metrics:
         self._reclaimed = Counter("redrive_reclaimed",
                                   "Stored retries republished after their lease ran out",
                                   base, registry=self.registry)
+        self._broker_up = Gauge("redrive_broker_up",
+                                "1 while the runtime reaches its brokers, 0 during an outage",
+                                base, registry=self.registry)
         self._oldest = Gauge("redrive_oldest_pending_retry_seconds",
                              "Age of the oldest retry waiting to become due", base,
                              registry=self.registry)
@@ -205,6 +208,9 @@ class Metrics:
 
     def brake_tripped(self, topic: str) -> None:
         self._child(self._brake_trips, topic).inc()
+
+    def broker_up(self, up: bool) -> None:
+        self._child(self._broker_up).set(1 if up else 0)
 
     def oldest_pending_retry(self, seconds: float) -> None:
         self._child(self._oldest).set(seconds)

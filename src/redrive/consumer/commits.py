@@ -23,6 +23,7 @@ from typing import Any
 
 from redrive.consumer.batch import Copy
 from redrive.errors import DeliveryFailed
+from redrive.kafka.health import UNREACHED_CODES
 from redrive.kafka.records import PartitionKey
 
 
@@ -44,13 +45,20 @@ class Pending:
         """The producer's delivery report for one of this batch's copies."""
         self.waiting -= 1
         if err is not None and self.error is None:
-            self.error = DeliveryFailed(str(msg.topic()), msg.partition(), err.str())
+            self.error = DeliveryFailed(str(msg.topic()), msg.partition(), err.str(),
+                                        unanswered=err.code() in UNREACHED_CODES,
+                                        fatal=err.fatal())
+
+    def fail(self, error: DeliveryFailed) -> None:
+        """A copy could not even be produced: the batch fails as if its delivery had."""
+        if self.error is None:
+            self.error = error
 
     def expire(self, timeout_s: float) -> None:
         if self.waiting > 0 and self.error is None:
-            self.error = DeliveryFailed(_topic_of(self.copies), None,
+            self.error = DeliveryFailed(topic_of(self.copies), None,
                                         f"{self.waiting} record(s) unconfirmed after "
-                                        f"{timeout_s}s")
+                                        f"{timeout_s}s", unanswered=True)
 
 
 @dataclass
@@ -114,6 +122,6 @@ class CommitPipeline:
         return settled
 
 
-def _topic_of(copies: Iterable[Copy]) -> str:
+def topic_of(copies: Iterable[Copy]) -> str:
     return next((c.record.topic for c in copies if c.record is not None), "<unconfirmed>")
 

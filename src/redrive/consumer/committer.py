@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from redrive import kafka
 from redrive.backends import BoundBackend
 from redrive.consumer.batch import Batch, Copy
-from redrive.consumer.commits import CommitPipeline, Pending
+from redrive.consumer.commits import CommitPipeline, Pending, topic_of
 from redrive.consumer.readers import Readers
-from redrive.errors import RedriveError
+from redrive.errors import DeliveryFailed, RedriveError
+from redrive.kafka.health import BrokerHealth
+from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
@@ -39,8 +41,9 @@ class Committer:
     assigned partitions (read here: a rewind leaves partitions no longer ours alone)."""
 
     def __init__(self, group: str, consumer: Readers, backend: BoundBackend, metrics: Metrics,
-                 assigned: set[PartitionKey], timeout_s: float, *,
+                 assigned: set[PartitionKey], timeout_s: float, health: BrokerHealth, *,
                  producer: Producer | None = None,
+                 make_producer: Callable[[], Producer] | None = None,
                  transactions: TransactionalProducer | None = None) -> None:
         self.group = group
         self._consumer = consumer
@@ -48,9 +51,13 @@ class Committer:
         self.metrics = metrics
         self._assigned = assigned
         self._timeout_s = timeout_s
+        self._health = health
         self._producer = producer
+        self._make_producer = make_producer
         self._transactions = transactions
         self._pipeline = CommitPipeline()
+        # Offsets committed asynchronously since the last synchronous commit.
+        self._unsynced: dict[PartitionKey, int] = {}
 
     @property
     def unconfirmed(self) -> bool:
@@ -59,7 +66,12 @@ class Committer:
 
     def close(self) -> None:
         if self._producer is not None:
-            self._producer.flush(self._timeout_s)
+            try:
+                self._producer.flush(self._timeout_s)
+            except KafkaException as exc:
+                # What it held cannot be delivered, and was not committed: nothing to lose.
+                if not producer_failed(exc):
+                    raise
         if self._transactions is not None:
             self._transactions.close()
 
@@ -91,7 +103,14 @@ class Committer:
         pending = Pending(offsets, batch.first, batch.copies, time.monotonic())
         producer = self._copies_producer()
         for record in out:
-            kafka.produce(producer, record, pending.on_delivery)
+            try:
+                kafka.produce(producer, record, pending.on_delivery)
+            except KafkaException as exc:
+                if not producer_failed(exc):
+                    raise
+                pending.fail(DeliveryFailed(record.topic, record.partition, str(exc.args[0]),
+                                            fatal=True))
+                break
             pending.sent()
         self._pipeline.add(pending)
         self.settle()
@@ -102,64 +121,94 @@ class Committer:
         """Serve delivery reports; commit the acknowledged batches in order; rewind on a failure."""
         if not self._pipeline:
             return
-        self._copies_producer().poll(0)
+        self._serve(0)
         self._pipeline.expire(time.monotonic(), self._timeout_s)
         settled = self._pipeline.settle(exclude)
         if settled.commit:
             self._commit(settled.commit)
         self._count_routed(settled.confirmed)
         if settled.error is not None:
+            if settled.error.unanswered:
+                self._health.trouble(str(settled.error))
             log.error("group %s: %s; the unconfirmed batches' partitions are rewound and their "
                       "records will be handled again", self.group, settled.error)
+            if settled.error.fatal:
+                self._renew_producer()
             excluded = set(exclude)
             self._rewind({tp: offset for tp, offset in settled.rewind.items()
                           if tp in self._assigned and tp not in excluded})
 
     def _wait_for_head(self) -> None:
         """Too many batches unconfirmed: wait for the oldest (the broker is slower than us)."""
-        producer = self._copies_producer()
         while len(self._pipeline) > MAX_UNCONFIRMED_BATCHES:
             head = self._pipeline.head
             if head is not None and head.waiting > 0 and head.error is None:
-                producer.poll(0.005)
+                self._serve(0.005)
             self.settle()
 
     def settle_all(self, exclude: Iterable[PartitionKey] = ()) -> None:
-        """Wait for every copy produced so far, then commit what was acknowledged."""
-        if not self._pipeline:
-            return
-        remaining = self._copies_producer().flush(self._timeout_s)
-        if remaining > 0:
-            self._pipeline.expire_all(self._timeout_s)
-        while self._pipeline:
-            self.settle(exclude)
+        """Wait for every copy produced so far, commit what was acknowledged, and commit once
+        more, synchronously, what was committed asynchronously since the last time (on revoke
+        and close: the next owner starts from there)."""
+        if self._pipeline:
+            if self._serve(self._timeout_s, flush=True) > 0:
+                self._pipeline.expire_all(self._timeout_s)
+            while self._pipeline:
+                self.settle(exclude)
+        skip = set(exclude)
+        owed = {tp: offset for tp, offset in self._unsynced.items()
+                if tp in self._assigned and tp not in skip}
+        self._unsynced.clear()
+        # A synchronous commit waits for as long as the brokers are away: during an outage the
+        # asynchronous ones are all there is (at-least-once: the next owner may repeat some).
+        if owed and not self._health.down:
+            self._commit_now(owed)
 
     def _commit(self, offsets: Mapping[PartitionKey, int]) -> None:
-        partitions = [TopicPartition(topic, partition, offset)
-                      for (topic, partition), offset in offsets.items()]
+        """Commit without waiting: a synchronous commit blocks the loop, and stop(), for as long
+        as the group's coordinator cannot be reached. `committed` gets the outcome."""
+        self._unsynced.update(offsets)
         try:
-            results = self._consumer.commit(offsets=partitions, asynchronous=False)
+            self._consumer.commit(offsets=_partitions(offsets), asynchronous=True)
         except KafkaException as exc:
             # The records are finished but not committed: whoever owns the partitions next
             # handles them again (at-least-once), which is all that can be done here.
-            log.warning("group %s: commit of %s failed: %s", self.group, offsets, exc)
+            if not self._health.failed(exc):
+                log.warning("group %s: commit of %s failed: %s", self.group, offsets, exc)
+
+    def committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The outcome of a commit (the member's on_commit callback)."""
+        if error is not None:
+            if not self._health.failed(KafkaException(error)):
+                log.warning("group %s: a commit failed: %s", self.group, error.str())
             return
-        for result in results:
+        self._health.ok()
+        for result in partitions:
             if result.error is not None:
                 log.warning("group %s: commit of %s[%d] failed: %s", self.group, result.topic,
                             result.partition, result.error)
+
+    def _commit_now(self, offsets: Mapping[PartitionKey, int]) -> None:
+        try:
+            results = self._consumer.commit(offsets=_partitions(offsets), asynchronous=False)
+        except KafkaException as exc:
+            if not self._health.failed(exc):
+                log.warning("group %s: commit of %s failed: %s", self.group, offsets, exc)
+            return
+        self.committed(None, results)
 
     def _commit_transaction(self, batch: Batch, offsets: Mapping[PartitionKey, int]) -> bool:
         """The batch's copies and offsets in one transaction; False if it was aborted (a
         ProducerFenced, from a newer instance with this transactional id, ends run())."""
         assert self._transactions is not None
-        partitions = [TopicPartition(topic, partition, offset)
-                      for (topic, partition), offset in offsets.items()]
         try:
-            self._transactions.commit(batch.out_records, partitions,
+            self._transactions.commit(batch.out_records, _partitions(offsets),
                                       self._consumer.consumer_group_metadata())
+            self._health.ok()
             return True
         except TransactionAborted as exc:
+            if exc.__cause__ is not None:
+                self._health.failed(exc.__cause__)
             log.error("group %s: %s; the batch's partitions are rewound", self.group, exc)
             return False
 
@@ -178,7 +227,44 @@ class Committer:
                 self.metrics.dead_lettered(copy.main_topic, decision.reason)
 
 
+    def _serve(self, timeout_s: float, *, flush: bool = False) -> int:
+        """Serve the copies' delivery reports (poll, or flush: wait for all); return how many
+        copies are still unconfirmed. librdkafka raises a fatal producer error from here: it
+        fails the oldest unconfirmed batch, so that settle() rewinds every batch the producer
+        held and replaces it."""
+        producer = self._copies_producer()
+        try:
+            if flush:
+                return int(producer.flush(timeout_s))
+            producer.poll(timeout_s)
+            return 0
+        except KafkaException as exc:
+            if not producer_failed(exc):
+                raise
+            head = self._pipeline.head
+            if head is not None:
+                head.fail(DeliveryFailed(topic_of(head.copies), None, str(exc.args[0]),
+                                         fatal=True))
+            else:
+                self._renew_producer()
+            return 0
+
+    def _renew_producer(self) -> None:
+        """The producer of copies failed fatally (its idempotence state lost, as after a broker
+        restart): every batch it held is rewound already, so a new one takes over."""
+        discard_producer(self._producer)
+        self._producer = None
+        if self._make_producer is not None:
+            self._producer = self._make_producer()
+        log.warning("group %s: a new producer of copies replaces the one that failed",
+                    self.group)
+
     def _copies_producer(self) -> Producer:
         if self._producer is None:
             raise RedriveError(f"consumer of group {self.group!r} has no producer for copies")
         return self._producer
+
+
+def _partitions(offsets: Mapping[PartitionKey, int]) -> list[TopicPartition]:
+    return [TopicPartition(topic, partition, offset)
+            for (topic, partition), offset in offsets.items()]

@@ -22,7 +22,8 @@ is handled record by record, in partition order:
 
 After each batch its copies are produced without waiting (`redrive.consumer.commits`): the next
 batches are handled while the broker acknowledges them, and a batch's offsets are committed
-synchronously (offset + 1 of the last finished record per partition) only once its copies and
+(offset + 1 of the last finished record per partition, without waiting: a synchronous commit
+would block the loop, and stop(), for as long as the brokers are away) only once its copies and
 those of every earlier batch are acknowledged, so a partition never commits past a record it has
 not finished or whose copy is unconfirmed. A failed delivery rewinds the partitions of the first
 unconfirmed batch and of every later one to their first records, and drops those batches
@@ -34,7 +35,14 @@ transaction it is aborted and the batch's partitions are rewound to the batch's 
 Rebalance callbacks run only inside `poll()`, between batches. On revoke the runtime first waits
 for the unconfirmed copies and commits every batch acknowledged (on lost it commits nothing of the
 lost partitions); then it drops the holds and in-place state of the revoked or lost partitions.
-stop() and close() likewise wait for the copies and commit what was acknowledged before leaving.
+stop() and close() likewise wait for the copies and commit what was acknowledged before leaving;
+there, and on revoke, what was committed without waiting is committed once more, waiting.
+
+Through a broker outage the loop goes on: librdkafka reconnects, a copy unconfirmed past
+`timeout_s` rewinds its batch as any failed delivery does, nothing unconfirmed is committed, and
+`BrokerHealth` (`redrive.kafka.health`) logs the outage once, sets `redrive_broker_up`, and checks
+for the brokers' return at growing intervals. A producer of copies that failed for good (its
+idempotence state lost in a broker restart) is replaced.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.plain import handle_plain
 from redrive.consumer.readers import Readers
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
+from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Why
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionalProducer
@@ -155,7 +164,8 @@ class RetryingConsumer:
         self.handler = handler
         self.transactional = bool(transactional)
         self.metrics = metrics if metrics is not None else Metrics("consumer", self.group)
-        self._connection = kafka.client_config(connection)
+        self.health = BrokerHealth(f"group {self.group}", self.metrics)
+        self._connection = self.health.watch(kafka.client_config(connection))
         self._config = {**CONSUMER_OVERRIDES, **(config or {})}
         self._producer_config = dict(producer_config or {})
         self._transactional_id = transactional_id or self._default_transactional_id()
@@ -211,7 +221,7 @@ class RetryingConsumer:
             # has a broker connection, retrying every 500 ms, so it cannot write a copy for the
             # first 0.5-1 s of its life. Made before the topic set-up and the group join, that
             # wait overlaps them instead of stalling the first batch with unconfirmed copies.
-            producer = kafka.producer(self._connection, overrides=self._producer_config)
+            producer = self._new_producer()
         try:
             admin = kafka.admin(self._connection)
             if self._create_topics:
@@ -231,9 +241,12 @@ class RetryingConsumer:
                 timeout_s=self._timeout_s)
             transactions.start()
         retry_topics = [name for name, main in self._main_of.items() if name != main]
-        self._consumer = Readers.open(self._connection, self.group, self._config, retry_topics)
+        self._consumer = Readers.open(self._connection, self.group,
+                                      {**self._config, "on_commit": self._committed},
+                                      retry_topics)
         self._committer = Committer(self.group, self._consumer, self._backend, self.metrics,
-                                    self._assigned, self._timeout_s, producer=producer,
+                                    self._assigned, self._timeout_s, self.health,
+                                    producer=producer, make_producer=self._new_producer,
                                     transactions=transactions)
         self._consumer.member.subscribe(self.subscribed, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -268,6 +281,8 @@ class RetryingConsumer:
                         self._handle_batch(messages)
                     elif committer.unconfirmed:
                         committer.settle()
+                    if self.health.down:
+                        self.health.tick(consumer.member)
                     self._update_gauges()
         finally:
             self.close()
@@ -575,7 +590,17 @@ class RetryingConsumer:
     def _consume_error(self, error: KafkaError) -> None:
         if error.fatal():
             raise KafkaException(error)
+        if error.code() in UNREACHED_CODES:
+            self.health.trouble(error.str())  # logged once per outage, not once per fetch
+            return
         log.warning("group %s: consumer error: %s", self.group, error.str())
+
+    def _committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if self._committer is not None:
+            self._committer.committed(error, partitions)
+
+    def _new_producer(self) -> Producer:
+        return kafka.producer(self._connection, overrides=self._producer_config)
 
     def _default_transactional_id(self) -> str:
         instance = self._config.get("group.instance.id")

@@ -41,7 +41,9 @@ from redrive.clock import now_ms
 from redrive.delay.schedule import check_target
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
 from redrive.errors import DeliveryFailed, InvalidArgument, MalformedHeader, RedriveError
+from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Why
+from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.transactions import ProducerFenced, TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
 from redrive.record import qualified_name
@@ -134,6 +136,8 @@ class DelayService:
         self.create_topics = create_topics
         self.max_batch = max_batch
         self.metrics = Metrics("delay", group_id)
+        self.health = BrokerHealth(f"delay service {group_id}", self.metrics)
+        self._watched = self.health.watch(kafka.client_config(connection))
         self._metrics_port = metrics_port
         self._consumer_overrides = dict(consumer_overrides or {})
         self._producer_overrides = dict(producer_overrides or {})
@@ -165,25 +169,29 @@ class DelayService:
 
     def _start(self) -> None:
         if self.create_topics:
-            ensure_topics(self.connection, self.tiers, self.partitions)
+            ensure_topics(self._watched, self.tiers, self.partitions)
         if self._metrics_port is not None:
             self.metrics.serve(self._metrics_port)
         consumer_settings = dict(CONSUMER_SETTINGS)
         if self.instance_id is not None:
             consumer_settings["group.instance.id"] = self.instance_id
-        self._consumer = kafka.consumer(self.connection, self.group_id,
+        self._consumer = kafka.consumer(self._watched, self.group_id,
                                         {**consumer_settings, **self._consumer_overrides})
         overrides = {**PRODUCER_SETTINGS, **self._producer_overrides}
         if self.transactional:
             suffix = self.instance_id or uuid.uuid4().hex
             self._transactions = TransactionalProducer(
-                self.connection, f"{self.group_id}.{suffix}", overrides=overrides)
+                self._watched, f"{self.group_id}.{suffix}", overrides=overrides)
             # Fences any older producer with this id and aborts what it left open.
             self._transactions.start()
         else:
-            self._producer = kafka.producer(self.connection, overrides=overrides)
+            self._producer = self._new_producer()
         self._consumer.subscribe(self.tiers.topics, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_revoke)
+
+    def _new_producer(self) -> Producer:
+        return kafka.producer(self._watched,
+                              overrides={**PRODUCER_SETTINGS, **self._producer_overrides})
 
     def _close(self) -> None:
         if self._consumer is not None:
@@ -228,6 +236,8 @@ class DelayService:
         first = consumer.poll(self._holds.wait_s(now_ms(), IDLE_POLL_S))
         if first is None:
             self._report_paused()  # the oldest held record's age grows while nothing arrives
+            if self.health.down:
+                self.health.tick(consumer)
             return
         # poll returns at the first record; draining what else is already fetched batches the
         # transaction without waiting for more.
@@ -248,7 +258,10 @@ class DelayService:
             if error is not None:
                 if error.fatal():
                     raise DelayServiceError(f"fatal consumer error: {error.str()}")
-                log.warning("consumer error: %s", error.str())
+                if error.code() in UNREACHED_CODES:
+                    self.health.trouble(error.str())
+                else:
+                    log.warning("consumer error: %s", error.str())
                 continue
             key = (str(message.topic()), int(message.partition() or 0))
             # Records of a held partition fetched before the pause are fetched again later.
@@ -373,10 +386,17 @@ class DelayService:
         except ProducerFenced as exc:
             raise DelayServiceError(str(exc)) from exc
         except (KafkaException, DeliveryFailed, TransactionAborted) as exc:
-            log.warning("forwarding %d record(s) failed, will retry them: %s",
-                        len(batch.out), exc)
+            # An outage is logged once, by the health; other failures each time.
+            if not self.health.failed(exc):
+                log.warning("forwarding %d record(s) failed, will retry them: %s",
+                            len(batch.out), exc)
+            if self._producer is not None and producer_failed(exc):
+                log.warning("the producer failed for good; a new one replaces it")
+                discard_producer(self._producer)
+                self._producer = self._new_producer()
             self._rewind(batch)
             return
+        self.health.ok()
         self._count(batch)
 
     def _rewind(self, batch: _Batch) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from redrive.errors import DeliveryFailed
+from redrive.kafka.health import UNREACHED_CODES
 from redrive.kafka.records import Delivered, OutRecord
 
 
@@ -43,7 +45,9 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
     def callback_for(index: int, topic: str) -> Any:
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                failures.append(DeliveryFailed(topic, msg.partition(), err.str()))
+                failures.append(DeliveryFailed(topic, msg.partition(), err.str(),
+                                               unanswered=err.code() in UNREACHED_CODES,
+                                               fatal=err.fatal()))
             else:
                 results[index] = Delivered(str(msg.topic()), int(msg.partition() or 0),
                                            int(msg.offset() or 0))
@@ -57,8 +61,26 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
         raise failures[0]
     if remaining > 0 or any(result is None for result in results):
         raise DeliveryFailed(_first_topic(results), None,
-                             f"{remaining} record(s) unconfirmed after {timeout_s}s")
+                             f"{remaining} record(s) unconfirmed after {timeout_s}s",
+                             unanswered=True)
     return [result for result in results if result is not None]
+
+
+def producer_failed(exc: BaseException) -> bool:
+    """Whether `exc`, from producing, says the producer failed for good (librdkafka's fatal
+    error, e.g. its idempotence state lost in a broker restart) and must be replaced."""
+    if isinstance(exc, DeliveryFailed):
+        return exc.fatal
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(error, KafkaError) and error.fatal()
+
+
+def discard_producer(producer_: Producer | None) -> None:
+    """Drop a producer without delivering what it still holds: the caller takes that up
+    again (rewinds it, or finds it pending), and a late delivery would only duplicate it."""
+    if producer_ is not None:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            producer_.purge()
 
 
 def _first_topic(results: Sequence[Delivered | None]) -> str:

@@ -159,6 +159,9 @@ class TransactionalProducer:
 
     def _commit(self, producer_: Producer) -> None:
         for attempt in range(1, _COMMIT_TRIES + 1):
+            # Serves the producer's error callback, which commit_transaction does not: an outage
+            # is then known (a runtime's BrokerHealth) while this call waits it out.
+            producer_.poll(0)
             try:
                 producer_.commit_transaction(self._timeout_s)
                 return

@@ -31,6 +31,8 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
+from redrive.kafka.health import BrokerHealth
+from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.ranges import PartitionRange, RangeReader, range_consumer
 from redrive.metrics import Metrics
 from redrive.record import Origin
@@ -47,7 +49,10 @@ EXPIRED = "expired"
 NO_DESTINATION = "unknown-topic"
 DEFAULT_BATCH = 500
 DEFAULT_IDLE_S = 0.05
-ERROR_PAUSE_S = 1.0
+# After a failed pass (the database or the brokers unreachable) the next waits this long,
+# doubling after each further failure up to MAX_ERROR_PAUSE_S.
+ERROR_PAUSE_S = 0.5
+MAX_ERROR_PAUSE_S = 30.0
 ORPHAN_SWEEP_S = 30.0
 # Long enough for a consuming group's ordinary lag and restarts: a lease that runs out while a
 # slow copy still waits to be read only costs a second copy.
@@ -98,7 +103,8 @@ class Scheduler:
         if webhook:
             hooks.append(Webhook(webhook))
         self.notifier = Notifier(hooks)
-        self._connection = kafka.client_config(connection)
+        self.health = BrokerHealth("store scheduler", self.metrics)
+        self._connection = self.health.watch(kafka.client_config(connection))
         self._producer_config = dict(producer_config or {})
         self._producer: Producer | None = None
         self._reader: Consumer | None = None
@@ -155,8 +161,18 @@ class Scheduler:
         for row, reason in [*((r, EXPIRED) for r in gone), *((r, NO_DESTINATION) for r in nowhere)]:
             self.metrics.dead_lettered(row.topic, reason)
         if out:
-            kafka.produce_confirmed(self._require_producer(), [o for _, o in out],
-                                    self.timeout_s)
+            try:
+                kafka.produce_confirmed(self._require_producer(), [o for _, o in out],
+                                        self.timeout_s)
+            except (KafkaException, RedriveError) as exc:
+                # What the producer still holds is this pass's rows, pending again when the
+                # pass fails: sent later, they would only be duplicates of the next pass's.
+                discard_producer(self._producer)
+                self._producer = None
+                if producer_failed(exc):
+                    log.warning("the producer failed for good; the next pass makes a new one")
+                raise
+            self.health.ok()
             at = now_ms()
             batch.mark_in_flight((row.id for row, _ in out), at)
         lateness = [at - row.due_ms for row, _ in out]
@@ -214,13 +230,15 @@ class Scheduler:
     def run(self) -> None:
         """Pass after pass until stop() or SIGTERM/SIGINT (in the main thread), then close.
 
-        A pass that fails (database or broker unreachable) is logged and tried again; nothing it
-        took is lost, since its rows stay pending.
+        A pass that fails (database or broker unreachable) is tried again after a pause that
+        grows with each failure in a row; an outage is logged when it starts and when it ends.
+        Nothing a failed pass took is lost, since its rows stay pending.
         """
         sweep_at = time.monotonic() + ORPHAN_SWEEP_S
         # Checked a few times per lease, so a row comes back soon after its lease runs out.
         reclaim_every_s = min(ORPHAN_SWEEP_S, self.lease_s / 4)
         reclaim_at = time.monotonic()
+        failures = 0  # passes failed in a row
         self.start()
         try:
             with stop_on_signals(self.stop):
@@ -234,10 +252,21 @@ class Scheduler:
                             self.store.release_orphans()
                             sweep_at = time.monotonic() + ORPHAN_SWEEP_S
                     except (RedriveError, KafkaException) as exc:
-                        log.error("scheduler pass failed (%s); trying again in %.0fs", exc,
-                                  ERROR_PAUSE_S)
-                        self._stopping.wait(ERROR_PAUSE_S)
+                        pause = min(MAX_ERROR_PAUSE_S, ERROR_PAUSE_S * 2 ** min(failures, 16))
+                        failures += 1
+                        # A broker outage is logged by the health; anything else once per run
+                        # of failures.
+                        if not self.health.failed(exc):
+                            (log.error if failures == 1 else log.debug)(
+                                "scheduler pass failed (%s); trying again in %.1fs, and at "
+                                "growing intervals while it keeps failing", exc, pause)
+                        self._stopping.wait(pause)
                         continue
+                    if failures:
+                        log.warning("scheduler passes succeed again after %d failed", failures)
+                        failures = 0
+                    if self.health.down:
+                        self.health.tick(self._require_producer())
                     if done.published + done.expired < self.batch_size:
                         self._stopping.wait(self.idle_s)
         finally:

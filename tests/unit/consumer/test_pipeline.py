@@ -8,6 +8,8 @@ import gc
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from confluent_kafka import KafkaError
+
 from redrive import headers as h
 from redrive.consumer import RetryingConsumer
 from redrive.consumer.batch import Copy
@@ -46,7 +48,7 @@ def test_a_failed_delivery_drops_its_batch_and_all_later_ones_and_says_where_to_
         pending.sent()
         pipeline.add(pending)
     later.on_delivery(None, None)
-    failed.on_delivery(_Error("broker said no"), FakeMessage("orders.g.retry.1s", 0))
+    failed.on_delivery(refused("broker said no"), FakeMessage("orders.g.retry.1s", 0))
     assert pipeline.settle().commit == {}  # the first batch is still unconfirmed
     ok.on_delivery(None, None)
     settled = pipeline.settle()
@@ -77,12 +79,8 @@ def test_lost_partitions_are_not_committed() -> None:
 # --- the runtime with fake clients ----------------------------------------------------------
 
 
-class _Error:
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def str(self) -> str:
-        return self.text
+def refused(text: str) -> KafkaError:
+    return KafkaError(KafkaError.INVALID_RECORD, text)
 
 
 class FakeProducer:
@@ -100,7 +98,7 @@ class FakeProducer:
         keep = []
         for topic, value, callback in self.waiting:
             if values is None or value in values:
-                error = _Error("broker said no") if value in self.fail_values else None
+                error = refused("broker said no") if value in self.fail_values else None
                 callback(error, FakeMessage(topic, 0))
             else:
                 keep.append((topic, value, callback))
@@ -116,13 +114,14 @@ class FakeProducer:
 
 class FakeConsumer:
     def __init__(self) -> None:
-        self.commits: list[dict[tuple[str, int], int]] = []
+        self.commits: list[dict[tuple[str, int], int]] = []  # asynchronous: each batch's
+        self.synced: list[dict[tuple[str, int], int]] = []  # synchronous: on revoke and close
         self.seeks: list[tuple[str, int, int]] = []
 
-    def commit(self, offsets: list[Any], asynchronous: bool) -> list[Any]:
-        assert not asynchronous
-        self.commits.append({(p.topic, p.partition): p.offset for p in offsets})
-        return offsets  # each with error None
+    def commit(self, offsets: list[Any], asynchronous: bool) -> list[Any] | None:
+        (self.commits if asynchronous else self.synced).append(
+            {(p.topic, p.partition): p.offset for p in offsets})
+        return None if asynchronous else offsets  # each with error None
 
     def seek(self, partition: Any) -> None:
         self.seeks.append((partition.topic, partition.partition, partition.offset))
@@ -145,7 +144,7 @@ def _fake_runtime(fails: set[bytes]) -> tuple[RetryingConsumer, FakeConsumer, Fa
     readers = Readers(consumer, None, (), incremental=False)  # type: ignore[arg-type]
     runtime._consumer = readers
     runtime._committer = Committer("g", readers, runtime._backend,
-                                   runtime.metrics, runtime._assigned, 30.0,
+                                   runtime.metrics, runtime._assigned, 30.0, runtime.health,
                                    producer=producer)  # type: ignore[arg-type]
     runtime._partitions = {"orders.g.retry.1s": 2, "orders.g.dlt": 2}
     runtime._assigned.update([A, B])
@@ -201,6 +200,7 @@ def test_revoke_commits_what_is_acknowledged_and_nothing_else() -> None:
     partitions = [_Partition(*A), _Partition(*B)]
     runtime._on_revoke(consumer, partitions)  # type: ignore[arg-type]
     assert consumer.commits == [{A: 5}]  # acknowledged before the failure; nothing after it
+    assert consumer.synced == [{A: 5}]  # and committed again, waiting, for the next owner
     assert not runtime._require_committer().unconfirmed and runtime._assigned == set()
 
 
@@ -209,6 +209,7 @@ def test_lost_partitions_commit_nothing_of_theirs() -> None:
     runtime._handle_batch(_batch(0, range(0, 5)) + _batch(1, range(0, 5)))
     runtime._on_lost(consumer, [_Partition(*B)])  # type: ignore[arg-type, list-item]
     assert consumer.commits == [{A: 5}]
+    assert consumer.synced == [{A: 5}]
 
 
 def test_close_commits_the_acknowledged_batches() -> None:
@@ -216,6 +217,7 @@ def test_close_commits_the_acknowledged_batches() -> None:
     runtime._handle_batch(_batch(0, range(0, 5)))
     runtime.close()
     assert consumer.commits == [{A: 5}]
+    assert consumer.synced == [{A: 5}]
 
 
 class _Partition:

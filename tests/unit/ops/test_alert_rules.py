@@ -34,6 +34,7 @@ def exported_series() -> set[str]:
     metrics.handler_took(1)
     metrics.paused_partitions(1)
     metrics.oldest_pending_retry(1)
+    metrics.broker_up(True)
     return {sample.name for family in metrics.registry.collect() for sample in family.samples}
 
 
@@ -93,9 +94,11 @@ def test_expressions_are_sane_and_name_only_exported_series() -> None:
         named = series_named(expr)
         assert named <= series, f"{rule['alert']}: {named - series} not in redrive.metrics"
         used |= named
-    # The issue's alerts: stuck retries, rising dead letters, rebalance storms, lateness.
+    # The issues' alerts: stuck retries, rising dead letters, rebalance storms, lateness, and
+    # brokers out of reach.
     assert {"redrive_oldest_pending_retry_seconds", "redrive_dead_lettered_total",
-            "redrive_rebalances_total", "redrive_lateness_seconds_bucket"} <= used
+            "redrive_rebalances_total", "redrive_lateness_seconds_bucket",
+            "redrive_broker_up"} <= used
 
 
 def test_the_sanity_check_catches_mistakes() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
 from redrive import headers as h
 from redrive import kafka
@@ -28,14 +29,6 @@ def message(offset: int, headers: list[tuple[str, bytes]] | None = None,
     return FakeMessage(TOPIC, 0, offset, b"v%d" % offset, headers, b"k", error)
 
 
-class Error:
-    def fatal(self) -> bool:
-        return False
-
-    def str(self) -> str:
-        return "partition EOF"
-
-
 def copy_of(group: str, offset: int) -> list[tuple[str, bytes]]:
     return [(h.GROUP, group.encode()), (h.ATTEMPT, b"1"), (h.ORIGINAL_TOPIC, TOPIC.encode()),
             (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"%d" % offset)]
@@ -48,7 +41,7 @@ BATCH = [
     message(3, copy_of("other", 0)),  # another group's: skipped, never admitted
     message(4, [(h.ATTEMPT, b"many")]),  # malformed: routed, never admitted
     message(5, [(h.ATTEMPT, b"2")]),  # history without a group
-    message(6, error=Error()),
+    message(6, error=KafkaError(KafkaError._PARTITION_EOF, "partition EOF")),
 ]
 
 
@@ -92,7 +85,7 @@ def handle(bound: BoundBackend) -> None:
     consumer: Any = FakeConsumer()
     runtime._consumer = consumer
     runtime._committer = Committer(GROUP, consumer, runtime._backend, runtime.metrics,
-                                   runtime._assigned, 30.0)
+                                   runtime._assigned, 30.0, runtime.health)
     runtime._assigned.add((TOPIC, 0))
     runtime._handle_batch(BATCH)  # type: ignore[arg-type]
 

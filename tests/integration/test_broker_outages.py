@@ -1,0 +1,198 @@
+"""Every runtime through a broker outage: a broker of the module's own is SIGKILLed mid-run and
+restarted on the same data directory. The consumer, the delay service and the store scheduler
+(each at-least-once) carry on without a restart, report the outage once (a log line and
+`redrive_broker_up`), commit nothing unconfirmed, and lose nothing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.clock import now_ms
+from redrive.consumer import RetryingConsumer
+from redrive.delay import DelayService, Tiers, schedule
+from redrive.dev.brokers import DevBroker
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Record
+from redrive.store import RetryStore, Scheduler
+from redrive.store.rows import Entry
+from redrive.store.schema import IN_FLIGHT, PENDING
+from redrive.topics import plan
+
+from .background import Background, Running
+from .consumer.conftest import FAST_GROUP, produce, read_all, wait_until
+
+RECORDS = 3000
+OUTAGE_S = 4.0
+# noida-db loses what it acknowledged in the last half second or so before a SIGKILL (measured:
+# 1,000 records acknowledged 0.5 s before it, none after the restart; all of them 1 s before).
+# What a test needs to survive the kill is written this long before it.
+DURABLE_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def module_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevBroker]:
+    """A noida-db this module may kill: the session's broker serves the other tests."""
+    broker = DevBroker("noida-db", data_dir=tmp_path_factory.mktemp("outage-broker"))
+    broker.start(timeout_s=60)
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def own_broker(module_broker: DevBroker) -> DevBroker:
+    """The module's broker, running (a test that failed mid-outage may have left it down)."""
+    if not module_broker.running:
+        module_broker.start(timeout_s=60)
+    return module_broker
+
+
+class Numbers:
+    """Records are numbers: a tenth fail their first delivery, one in a hundred always."""
+
+    def __init__(self) -> None:
+        self.succeeded: set[int] = set()
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, record: Record) -> None:
+        number = int(record.value or b"")
+        with self.lock:
+            self.calls += 1
+        if number % 100 == 7:
+            raise ValueError(f"{number} is never valid")
+        if number % 10 == 3 and record.delivery.attempt == 0:
+            raise TimeoutError(f"{number} failed once")
+        with self.lock:
+            self.succeeded.add(number)
+
+
+def test_a_consumer_through_a_broker_restart_loses_nothing_and_reports_it_once(
+        own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
+    bootstrap = own_broker.bootstrap
+    topic, group = f"outage-alo-{time.monotonic_ns()}", "outage-alo"
+    kafka.create_topics(kafka.admin(bootstrap), {topic: 2})
+    produce(bootstrap, topic, [b"%d" % n for n in range(RECORDS)])
+    time.sleep(DURABLE_S)
+    policy = RetryPolicy(attempts=3, backoff=Backoff.fixed("200ms"), not_retryable=ValueError)
+    numbers = Numbers()
+    consumer = RetryingConsumer(bootstrap, topic, group, policy, numbers,
+                                batch_size=100,
+                                config={**FAST_GROUP, "group.instance.id": f"{group}-1"},
+                                timeout_s=5.0)
+    caplog.set_level(logging.INFO, logger="redrive")
+    run = Running(consumer)
+    try:
+        wait_until(lambda: numbers.calls >= RECORDS // 3, 60, "a third of the records handled")
+        own_broker.kill()
+        wait_until(lambda: consumer.metrics.value("redrive_broker_up") == 0, 60,
+                   "redrive_broker_up to drop to 0")
+        time.sleep(OUTAGE_S)
+        own_broker.start(timeout_s=60)
+        expected = {n for n in range(RECORDS) if n % 100 != 7}
+        wait_until(lambda: numbers.succeeded >= expected, 120, "every valid record handled")
+        wait_until(lambda: consumer.metrics.value("redrive_broker_up") == 1, 30,
+                   "redrive_broker_up back to 1")
+    finally:
+        run.stop(timeout_s=60)
+
+    assert numbers.succeeded == expected
+    dead_letter = plan(policy, topic, group).dead_letter
+    assert dead_letter is not None
+    dead = read_all(bootstrap, dead_letter,
+                    expect=RECORDS // 100, timeout_s=30)
+    dead_numbers = [int(r.value or b"") for r in dead]
+    assert set(dead_numbers) == {n for n in range(RECORDS) if n % 100 == 7}
+    assert {r.header(h.REASON) for r in dead} == {"not-retryable"}
+    check_reported_once(caplog, f"group {group}")
+    assert consumer.health.outages == 1
+
+
+def check_reported_once(caplog: pytest.LogCaptureFixture, who: str) -> None:
+    """One line when the outage starts, one when it ends, and none per failed request."""
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(who + ":")]
+    assert len([m for m in lines if "cannot be reached" in m]) == 1, lines
+    assert len([m for m in lines if "answer again" in m]) == 1, lines
+
+
+def test_the_delay_service_at_least_once_forwards_everything_across_a_broker_restart(
+        own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
+    bootstrap = own_broker.bootstrap
+    name = f"outage-delay-{time.monotonic_ns()}"
+    tiers = Tiers.of(("100ms", "1s"), prefix=f"{name}.delay")
+    target = f"{name}-target"
+    kafka.create_topics(kafka.admin(bootstrap), {target: 1})
+    # Transactional forwarding does not come back from a noida-db SIGKILL in time (its
+    # transaction state is among what the broker loses): issue 18 keeps that open.
+    service = DelayService(bootstrap, tiers, instance_id=f"{name}-1", partitions=1,
+                           group_id=f"{name}-service", transactional=False)
+    caplog.set_level(logging.INFO, logger="redrive")
+    run = Background(service)
+    try:
+        producer = kafka.producer(bootstrap)
+        for n in range(RECORDS // 3):
+            schedule(producer, target, b"%d" % n, delay="5s", tiers=tiers)
+        assert producer.flush(30) == 0
+        # The service holds the records, due during the outage, when the broker dies.
+        time.sleep(DURABLE_S)
+        own_broker.kill()
+        wait_until(lambda: service.metrics.value("redrive_broker_up") == 0, 60,
+                   "redrive_broker_up to drop to 0")
+        time.sleep(OUTAGE_S)
+        own_broker.start(timeout_s=60)
+        arrived = read_all(bootstrap, target, expect=RECORDS // 3, timeout_s=90, idle_s=2)
+        wait_until(lambda: service.metrics.value("redrive_broker_up") == 1, 30,
+                   "redrive_broker_up back to 1")
+    finally:
+        run.stop(timeout_s=90)
+    assert {int(r.value or b"") for r in arrived} == set(range(RECORDS // 3))
+    check_reported_once(caplog, f"delay service {name}-service")
+
+
+def test_the_store_scheduler_publishes_every_row_once_the_broker_is_back(
+        own_broker: DevBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bootstrap = own_broker.bootstrap
+    topic, group = f"outage-store-{time.monotonic_ns()}", "outage-store"
+    kafka.create_topics(kafka.admin(bootstrap), {topic: 1})
+    store = RetryStore(tmp_path / "store.db")
+    rows = 200
+    store.write([Entry(group=group, topic=topic, partition=0, offset=n, timestamp_ms=None,
+                       key=None, mode="payload", value=b"%d" % n, headers=[], target=None,
+                       attempt=1, first_failure_ms=now_ms(), due_ms=now_ms() + 3000,
+                       status=PENDING, reason=None, error_type="app.Boom",
+                       error_message="boom", error_trace=None, ordered=False)
+                 for n in range(rows)], [])
+    time.sleep(DURABLE_S)  # the topic's creation
+    scheduler = Scheduler(store, bootstrap, idle_s=0.02, timeout_s=3.0)
+    caplog.set_level(logging.INFO, logger="redrive")
+    run = Background(scheduler)
+    try:
+        time.sleep(1.0)  # started and connected; the rows fall due during the outage
+        own_broker.kill()
+        wait_until(lambda: scheduler.metrics.value("redrive_broker_up") == 0, 60,
+                   "redrive_broker_up to drop to 0")
+        time.sleep(OUTAGE_S)
+        assert store.counts().get(PENDING) == rows  # nothing marked while nothing was sent
+        own_broker.start(timeout_s=60)
+        wait_until(lambda: store.counts().get(IN_FLIGHT) == rows, 90, "every row published")
+        wait_until(lambda: scheduler.metrics.value("redrive_broker_up") == 1, 30,
+                   "redrive_broker_up back to 1")
+    finally:
+        run.stop(timeout_s=60)
+        store.close()
+    copies = read_all(bootstrap, topic, expect=rows, timeout_s=30)
+    # At least once: a copy a failed pass left queued may arrive beside the next pass's, and
+    # the consuming runtime skips the second (same origin and attempt).
+    assert {int(r.value or b"") for r in copies} == set(range(rows))
+    check_reported_once(caplog, "store scheduler")
+    failed = [r for r in caplog.records if "scheduler pass failed" in r.getMessage()]
+    assert len(failed) == 0, [r.getMessage() for r in failed]  # the outage's line says it all

@@ -1,0 +1,128 @@
+"""BrokerHealth: when an outage is announced, when it ends, and how often the brokers are asked."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from redrive.errors import DeliveryFailed
+from redrive.kafka import health as health_module
+from redrive.kafka.health import BrokerHealth
+from redrive.metrics import Metrics
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Cluster:
+    """A client whose metadata requests fail while `up` is False."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.asked: list[float] = []
+
+    def list_topics(self, *, timeout: float = -1) -> Any:
+        self.asked.append(timeout)
+        if not self.up:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        return object()
+
+
+@pytest.fixture(autouse=True)
+def quick_announce(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(health_module, "ANNOUNCE_AFTER_S", 0.05)
+
+
+def down_error() -> KafkaError:
+    return KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")
+
+
+def wait_for(condition: Any) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_an_outage_is_announced_once_then_its_end_once(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics("consumer", "g")
+    health = BrokerHealth("group g", metrics)
+    assert metrics.value("redrive_broker_up") == 1
+    caplog.set_level(logging.INFO, logger="redrive")
+    for _ in range(5):
+        health.on_error(down_error())
+    wait_for(lambda: metrics.value("redrive_broker_up") == 0)
+    health.trouble("again")
+    health.ok()
+    health.ok()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "group g: the brokers cannot be reached (1/1 brokers are down)" in lines[0]
+    assert lines[1].startswith("group g: the brokers answer again after")
+    assert metrics.value("redrive_broker_up") == 1
+    assert health.outages == 1 and not health.down
+
+
+def test_a_blip_shorter_than_the_grace_is_not_announced(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics("delay", "g")
+    health = BrokerHealth("delay service", metrics)
+    caplog.set_level(logging.INFO, logger="redrive")
+    health.on_error(down_error())
+    assert health.down
+    health.ok()
+    time.sleep(0.1)  # past the grace: the timer was cancelled
+    assert caplog.records == []
+    assert metrics.value("redrive_broker_up") == 1 and health.outages == 0
+
+
+def test_errors_that_are_not_an_outage_change_nothing() -> None:
+    health = BrokerHealth("x")
+    health.on_error(KafkaError(KafkaError._TRANSPORT, "one broker of several"))
+    assert not health.failed(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
+    assert not health.failed(DeliveryFailed("t", 0, "record too large"))
+    assert not health.down
+    assert health.failed(DeliveryFailed("t", None, "unconfirmed after 30s", unanswered=True))
+    assert health.down
+
+
+def test_checks_back_off_while_down_and_a_good_one_ends_the_outage() -> None:
+    clock = Clock()
+    health = BrokerHealth("x", clock=clock)
+    cluster = Cluster()
+    health.trouble("gone")
+    asked_at = []
+    for _ in range(320):  # 40 s of a loop turning every 125 ms (exact in binary)
+        clock.now += 0.125
+        before = len(cluster.asked)
+        health.tick(cluster)
+        if len(cluster.asked) > before:
+            asked_at.append(clock.now - 100.0)
+    gaps = [b - a for a, b in itertools.pairwise(asked_at)]
+    assert asked_at[0] == 0.5
+    assert gaps[:5] == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert max(gaps) <= health_module.MAX_PROBE_S
+    assert all(t == health_module.PROBE_TIMEOUT_S for t in cluster.asked)
+    cluster.up = True
+    clock.now += health_module.MAX_PROBE_S
+    health.tick(cluster)
+    assert not health.down
+
+
+def test_watch_keeps_the_users_own_error_callback() -> None:
+    seen: list[int] = []
+    health = BrokerHealth("x")
+    config = health.watch({"bootstrap.servers": "b:9092",
+                           "error_cb": lambda e: seen.append(e.code())})
+    config["error_cb"](down_error())
+    assert seen == [KafkaError._ALL_BROKERS_DOWN] and health.down
+    assert health.watch("b:9092")["bootstrap.servers"] == "b:9092"
