@@ -18,9 +18,15 @@ from pathlib import Path
 from typing import Protocol
 
 import pytest
+from hypothesis import settings
 
 from redrive import kafka
 from redrive.dev.brokers import DevBroker
+
+# Property tests check outcomes, not speed: on a 2-core machine an example's time is the load of
+# whatever else runs (a JVM, a broker), so hypothesis's 200 ms deadline would fail them at random.
+settings.register_profile("redrive", deadline=None)
+settings.load_profile("redrive")
 
 EXTERNAL_ENV = "REDRIVE_TEST_BOOTSTRAP"
 BROKER_FIXTURES = frozenset({"broker", "bootstrap", "new_topic"})
