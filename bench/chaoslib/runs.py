@@ -115,6 +115,8 @@ class ConsumerRun:
             done = set(self.successes())
             if wanted - done <= set(dead()):
                 return True
+            if not any(part.alive for part in self.parts):
+                return False  # every part crashed: nothing more will come
             time.sleep(POLL_S * 4)
         return False
 
