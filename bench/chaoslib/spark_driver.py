@@ -3,8 +3,9 @@
     python -m chaoslib.spark_driver '{"bootstrap": ..., "topic": ..., "group": ...,
                                       "sink": ..., "checkpoint": ..., "per_trigger": N}'
 
-It prints {"batch": id} for each batch the pipeline reports and "stopped" once SIGTERM stopped
-it between batches. Its JVM is in its process group, so killing the group is a driver crash.
+It prints "running" as the pipeline starts, {"batch": id} for each batch it reports, and
+"stopped" once SIGTERM stopped it between batches. Its JVM is in its process group, so killing
+the group is a driver crash.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> int:
         sink=arguments["sink"], checkpoint=arguments["checkpoint"],
         trigger_interval="200 milliseconds",
         max_offsets_per_trigger=int(arguments["per_trigger"]), on_batch=reported)
+    print("running", flush=True)
     pipeline.run()
     print("stopped", flush=True)
     spark.stop()

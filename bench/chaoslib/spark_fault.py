@@ -29,6 +29,14 @@ def sink_rows(sink: Path) -> Counter[int]:
     return Counter(int(n) for n in table.column("number").to_pylist())
 
 
+def stop_when_running(driver: Part) -> None:
+    """SIGTERM once the pipeline runs: a driver signalled while its JVM starts, before the
+    pipeline handles the signal, just dies (and has nothing to lose)."""
+    driver.wait_ready(timeout_s=180)
+    time.sleep(1.0)
+    driver.terminate(grace_s=120)
+
+
 def spark_driver(bootstrap: str, scratch: Path, sizes: Sizes) -> Outcome:
     fault = "Spark driver SIGKILL x2, SIGTERM x1"
     records = sizes.records(2_000, 600)
@@ -39,7 +47,8 @@ def spark_driver(bootstrap: str, scratch: Path, sizes: Sizes) -> Outcome:
                  "per_trigger": records // 6}
     driver = run.add(Part("Spark driver", python("-m", "chaoslib.spark_driver",
                                                  json.dumps(arguments)),
-                          scratch / "spark-driver.out", group_kill=True))
+                          scratch / "spark-driver.out", group_kill=True,
+                          ready_text="running"))
 
     def batches() -> int:
         return driver.log_text().count(BATCH_LINE)
@@ -60,7 +69,7 @@ def spark_driver(bootstrap: str, scratch: Path, sizes: Sizes) -> Outcome:
             if how == "kill":
                 driver.kill()
             else:
-                driver.terminate()
+                stop_when_running(driver)
         driver.start()
         deadline = time.monotonic() + sizes.finish_s + 60
         expected = set(run.expected)
@@ -71,7 +80,7 @@ def spark_driver(bootstrap: str, scratch: Path, sizes: Sizes) -> Outcome:
                 done = True
                 break
             time.sleep(2)
-        driver.terminate(grace_s=120)
+        stop_when_running(driver)
         outcome = run.outcome(fault, EXACTLY_ONCE)
         if not done:
             outcome.notes.append(f"not finished; the driver's log ends:\n"
