@@ -23,6 +23,7 @@ from chaoslib.count import (
     repeats,
     waiting,
 )
+from chaoslib.procs import Part
 from chaoslib.runs import ConsumerRun
 from redrive.dev.brokers import DevBroker
 
@@ -68,13 +69,22 @@ def mode_args(mode: str) -> list[str]:
     return ["--transactional"] if mode == TRANSACTIONAL else []
 
 
+def two_members(run: ConsumerRun) -> list[Part]:
+    """Two static members, the second started once the first handles records: two joining at
+    once once left noida-db's group in PREPARING_REBALANCE with neither member assigned, for
+    minutes (2026-11-25, after the random-header fault on the same broker)."""
+    first = run.worker("a").start()
+    run.wait_progress(0.01)
+    return [first, run.worker("b").start()]
+
+
 def consumer_kill(bootstrap: str, scratch: Path, sizes: Sizes, mode: str) -> Outcome:
     """Two static members in one group; one of them SIGKILLed three times and restarted."""
     fault = "consumer SIGKILL x3 (2 members)"
     run = ConsumerRun(bootstrap, scratch, f"kill-{mode[:3]}", sizes.records(20_000, 1_500),
                       handler_ms=0.5 if not sizes.quick else 2.0, worker_args=mode_args(mode))
     try:
-        workers = [run.worker("a").start(), run.worker("b").start()]
+        workers = two_members(run)
         for kill, at in enumerate((0.2, 0.45, 0.7)):
             run.wait_progress(at)
             victim = workers[kill % 2]
@@ -93,7 +103,7 @@ def consumer_term(bootstrap: str, scratch: Path, sizes: Sizes) -> Outcome:
     run = ConsumerRun(bootstrap, scratch, "term", sizes.records(10_000, 1_500),
                       handler_ms=0.5 if not sizes.quick else 2.0)
     try:
-        workers = [run.worker("a").start(), run.worker("b").start()]
+        workers = two_members(run)
         for worker, at in zip(workers, (0.3, 0.6), strict=True):
             run.wait_progress(at)
             worker.wait_ready()
