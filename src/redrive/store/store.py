@@ -25,7 +25,6 @@ from sqlalchemy import (
     Connection,
     Engine,
     and_,
-    bindparam,
     delete,
     func,
     or_,
@@ -65,6 +64,8 @@ from redrive.store.schema import (
 # Records or keys looked up per statement by the bulk lookups: a poll batch's worth, with every
 # database's limit on bound parameters far away.
 LOOKUP_CHUNK = 500
+FIRST_ANALYZE_ROWS = 1_000
+LAST_ANALYZE_ROWS = 1_000_000
 _T = TypeVar("_T")
 
 
@@ -117,6 +118,8 @@ class RetryStore:
         except ArgumentError as exc:
             raise InvalidArgument("url", str(url), str(exc)) from exc
         self.dialect = self.engine.dialect.name
+        self._rows_written = 0
+        self._analyze_at = FIRST_ANALYZE_ROWS
         if migrate:
             self.migrate()
 
@@ -171,20 +174,23 @@ class RetryStore:
         parks = [e for e in entries if e.status == PARKED]
         failures = [e for e in entries if e.status != PARKED]
         with self._begin() as conn:
-            self._lock_keys(conn, [(e.group, e.topic, e.key) for e in entries]
+            # Only keys kept in order need the lock (a success carries its key only then).
+            self._lock_keys(conn, [(e.group, e.topic, e.key) for e in entries if e.ordered]
                             + [(s.group, s.topic, s.key) for s in successes])
             if failures:
                 conn.execute(self._upsert(), [_entry_row(e, at) for e in failures])
-            if successes:
-                c = retries.c
-                conn.execute(update(retries).where(
-                    c.group_id == bindparam("g"), c.topic == bindparam("t"),
-                    c.partition == bindparam("p"), c.offset == bindparam("o"),
-                    c.attempt == bindparam("a"),
-                    or_(c.status == PENDING, c.status == IN_FLIGHT)).values(
-                        status=SUCCEEDED, updated_ms=at),
-                    [{"g": s.group, "t": s.topic, "p": s.partition, "o": s.offset,
-                      "a": s.attempt} for s in successes])
+            # A statement per partition and attempt, not one per success: under load each round
+            # trip costs milliseconds (250 updates of one row each took 0.9 s).
+            by_group: dict[str, list[Success]] = defaultdict(list)
+            for success in successes:
+                by_group[success.group].append(success)
+            for group, done in by_group.items():
+                for chunk in _chunks(done):
+                    for records in _each_attempt(chunk):
+                        conn.execute(update(retries).where(
+                            retries.c.group_id == group, records,
+                            retries.c.status.in_((PENDING, IN_FLIGHT))).values(
+                                status=SUCCEEDED, updated_ms=at))
             _release_keys(conn, [(s.group, s.topic, s.key) for s in successes]
                           + [(e.group, e.topic, e.key) for e in failures
                              if e.status == DEAD and e.ordered], at)
@@ -194,6 +200,20 @@ class RetryStore:
                 if not blocked:
                     row.update(status=PENDING, due_ms=at)
                 conn.execute(self._upsert(), [row])
+            self._keep_statistics(conn, len(entries))
+
+    def _keep_statistics(self, conn: Connection, written: int) -> None:
+        """ANALYZE the table on PostgreSQL after 1,000 rows written by this store, then after
+        2,000, 4,000, ... up to LAST_ANALYZE_ROWS. A new table has no statistics until
+        autovacuum's first pass (up to a minute, and a tenth of the table, later); until then
+        the planner reads a record lookup as a scan of the group's whole history (20 ms per
+        partition at 40,000 rows, 0.4 ms with statistics)."""
+        self._rows_written += written
+        if self.dialect != "postgresql" or self._rows_written < self._analyze_at \
+                or self._analyze_at > LAST_ANALYZE_ROWS:
+            return
+        self._analyze_at *= 2
+        conn.execute(text(f"ANALYZE {retries.name}"))
 
     def _upsert(self) -> Any:
         dialect_insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
@@ -216,10 +236,11 @@ class RetryStore:
         if self.dialect != "postgresql":
             return  # SQLite transactions already run one at a time
         # A 64-bit lock id per (group, topic, key); sorted, so two writers never wait on
-        # each other crosswise.
+        # each other crosswise: unnest yields them in the array's order, one statement for all.
         ids = sorted({_lock_id(g, t, k) for g, t, k in keys if k is not None})
-        for lock in ids:
-            conn.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
+        if ids:
+            conn.execute(text("SELECT pg_advisory_xact_lock(lock) "
+                              "FROM unnest(CAST(:locks AS bigint[])) AS lock"), {"locks": ids})
 
     def find_record(self, group: str, topic: str, partition: int,
                     offset: int) -> StoredRetry | None:
@@ -236,17 +257,19 @@ class RetryStore:
     def find_records(self, group: str, origins: Iterable[Coordinates]
                      ) -> dict[Coordinates, StoredRetry]:
         """`find_record` for many (topic, partition, offset) of one group, in a statement per
-        LOOKUP_CHUNK of them: the rows found, by those coordinates (an absent one is left out)."""
+        partition and LOOKUP_CHUNK of them: the rows found, by those coordinates (an absent one
+        is left out)."""
         wanted = sorted(set(origins))
         found: dict[Coordinates, StoredRetry] = {}
         if not wanted:
             return found
         with self._begin(read_only=True) as conn:
             for chunk in _chunks(wanted):
-                for row in conn.execute(select(retries).where(
-                        retries.c.group_id == group, _any_record(chunk))):
-                    stored = StoredRetry.of(row)
-                    found[(stored.topic, stored.partition, stored.offset)] = stored
+                for records in _each_partition(chunk):
+                    for row in conn.execute(select(retries).where(
+                            retries.c.group_id == group, records)):
+                        stored = StoredRetry.of(row)
+                        found[(stored.topic, stored.partition, stored.offset)] = stored
         return found
 
     def active_keys(self, group: str, keys: Iterable[tuple[str, bytes]]
@@ -423,14 +446,28 @@ def _record_is(group: str, topic: str, partition: int, offset: int) -> ColumnEle
                 c.offset == offset)
 
 
-def _any_record(chunk: Sequence[Coordinates]) -> ColumnElement[bool]:
-    """One of these records: an offset list per partition, each served by the record index."""
+def _each_partition(chunk: Sequence[Coordinates]) -> Iterator[ColumnElement[bool]]:
+    """These records, as one condition per partition: `topic = t AND partition = p AND offset
+    IN (...)`, which the record index serves. ORed into one statement they are not: the planner
+    then reads every row of the group and topic (a table's whole history) and filters them."""
     offsets: dict[tuple[str, int], list[int]] = defaultdict(list)
     for topic, partition, offset in chunk:
         offsets[(topic, partition)].append(offset)
     c = retries.c
-    return or_(*(and_(c.topic == topic, c.partition == partition, c.offset.in_(listed))
-                 for (topic, partition), listed in offsets.items()))
+    for (topic, partition), listed in offsets.items():
+        yield and_(c.topic == topic, c.partition == partition, c.offset.in_(listed))
+
+
+def _each_attempt(chunk: Sequence[Success]) -> Iterator[ColumnElement[bool]]:
+    """These records at their attempt, as one condition per partition and attempt (see
+    _each_partition)."""
+    offsets: dict[tuple[str, int, int], list[int]] = defaultdict(list)
+    for success in chunk:
+        offsets[(success.topic, success.partition, success.attempt)].append(success.offset)
+    c = retries.c
+    for (topic, partition, attempt), listed in offsets.items():
+        yield and_(c.topic == topic, c.partition == partition, c.offset.in_(listed),
+                   c.attempt == attempt)
 
 
 def _any_key(chunk: Sequence[tuple[str, str | None]]) -> ColumnElement[bool]:
