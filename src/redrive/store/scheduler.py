@@ -116,9 +116,14 @@ class Scheduler:
 
     def run_once(self) -> Pass:
         """Publish what is due now (up to batch_size rows) and deliver pending notifications."""
-        with self.store.take_due(self.batch_size) as batch:
-            published, expired, lateness = self._dispatch(batch)
+        published, expired, lateness = 0, 0, list[int]()
         oldest = self.store.oldest_pending_due_ms()
+        # Rows are taken in a writing transaction only when some are due: on SQLite it holds
+        # the database's one write lock, which the runtimes' batches would wait for each pass.
+        if oldest is not None and oldest <= now_ms():
+            with self.store.take_due(self.batch_size) as batch:
+                published, expired, lateness = self._dispatch(batch)
+            oldest = self.store.oldest_pending_due_ms()
         # How long the most overdue retry has waited past its due time (0 when none is due).
         self.metrics.oldest_pending_retry(0.0 if oldest is None
                                           else max(0, now_ms() - oldest) / 1000)
