@@ -107,7 +107,7 @@ def malformed_headers(bootstrap: str, scratch: Path, sizes: Sizes, seed: int = 1
         run.stop_all()
         outcome = run.outcome("random redrive headers (main + retry topic)", AT_LEAST_ONCE)
         if not done:
-            outcome.notes.append(f"not finished within {sizes.finish_s:.0f} s")
+            outcome.notes.append(run.unfinished_note(sizes.finish_s))
         wrong = [r.number for r in run.dead_letters() if r.header(h.REASON) != "malformed"]
         if wrong:
             outcome.notes.append(f"dead letters not marked malformed: {wrong[:10]}")

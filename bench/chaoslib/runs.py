@@ -52,11 +52,29 @@ class ConsumerRun:
         self.started = time.monotonic()
         create_topic(bootstrap, self.topic, partitions)
         if produce:
-            producer = kafka.producer(bootstrap)
-            for value in workload.values(records):
-                kafka.produce(producer, kafka.OutRecord(self.topic, value, value))
-            if producer.flush(60):
-                raise RuntimeError(f"{name}: records not acknowledged in 60 s")
+            self.produce(range(records))
+
+    def produce(self, numbers: range) -> None:
+        producer = kafka.producer(self.bootstrap)
+        for number in numbers:
+            value = str(number).encode()
+            kafka.produce(producer, kafka.OutRecord(self.topic, value, value))
+        if producer.flush(60):
+            raise RuntimeError(f"{self.name}: records not acknowledged in 60 s")
+
+    def wait_members(self, pids: list[int], timeout_s: float = 60.0) -> None:
+        """Until each of these worker processes has handled a record (the group is settled)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            seen = {int(line.split()[6]) for line in self.sink_lines()}
+            if set(pids) <= seen:
+                return
+            time.sleep(0.05)
+
+    def sink_lines(self) -> list[str]:
+        if not self.log.exists():
+            return []
+        return [line for line in self.log.read_text().splitlines() if len(line.split()) == 8]
 
     @property
     def dlt(self) -> str:
@@ -79,7 +97,8 @@ class ConsumerRun:
         return part
 
     def successes(self) -> Counter[int]:
-        return sink_successes(self.log)
+        """The counted numbers' successes (a warm-up's are left out)."""
+        return Counter({n: k for n, k in sink_successes(self.log).items() if n in self.expected})
 
     def dead_letters(self) -> list[Read]:
         return read_topic(self.bootstrap, self.dlt)
@@ -119,6 +138,11 @@ class ConsumerRun:
                 return False  # every part crashed: nothing more will come
             time.sleep(POLL_S * 4)
         return False
+
+    def unfinished_note(self, timeout_s: float) -> str:
+        if any(part.crashes for part in self.parts):
+            return "not finished: a part crashed"
+        return f"not finished within {timeout_s:.0f} s"
 
     def stop_all(self) -> None:
         for part in self.parts:

@@ -82,7 +82,7 @@ def delay_service(bootstrap: str, scratch: Path, sizes: Sizes, how: signal.Signa
         run.stop_all()
         outcome = run.outcome(fault, TRANSACTIONAL if how == signal.SIGKILL else CLEAN_STOP)
         if not done:
-            outcome.notes.append(f"not finished within {sizes.finish_s:.0f} s")
+            outcome.notes.append(run.unfinished_note(sizes.finish_s))
         in_flight = {r.number for r in waiting(bootstrap, group, tier_topics)}
         tiers_waiting = len(in_flight)
         in_flight |= {r.number for r in waiting(bootstrap, run.group, [run.topic])}
@@ -132,7 +132,7 @@ def store_scheduler(bootstrap: str, scratch: Path, sizes: Sizes, url: str, datab
         run.stop_all()
         outcome = run.outcome(fault, AT_LEAST_ONCE if how == signal.SIGKILL else CLEAN_STOP)
         if not done:
-            outcome.notes.append(f"not finished within {sizes.finish_s:.0f} s")
+            outcome.notes.append(run.unfinished_note(sizes.finish_s))
         rows = store.find(RowFilter(group=run.group, statuses=(PENDING, IN_FLIGHT)), limit=None)
         in_flight = {int(row.value or b"-1") for row in rows}
         in_flight |= {r.number for r in waiting(bootstrap, run.group, [run.topic])}

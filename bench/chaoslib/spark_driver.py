@@ -47,6 +47,8 @@ def main() -> int:
         sink=arguments["sink"], checkpoint=arguments["checkpoint"],
         trigger_interval="200 milliseconds",
         max_offsets_per_trigger=int(arguments["per_trigger"]), on_batch=reported)
+    # The query started before "running": a SIGTERM meets run(), which stops between batches.
+    pipeline.start()
     print("running", flush=True)
     pipeline.run()
     print("stopped", flush=True)
