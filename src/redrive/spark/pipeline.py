@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from redrive import gate, kafka, topics
 from redrive.backends import RetryBackend
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError
 from redrive.kafka.admin import partition_offsets
+from redrive.kafka.health import BrokerHealth
 from redrive.kafka.ranges import PartitionRange, heads
 from redrive.metrics import Metrics
 from redrive.policy import RetryPolicy
@@ -113,6 +116,7 @@ class RetryPipeline:
         self._waiting_next = 0.0
         self.stats = PipelineStats()
         self.metrics = Metrics("spark", self.group)
+        self.health = BrokerHealth(f"pipeline {self.group}", self.metrics)
         if metrics_port is not None:
             self.metrics.serve(metrics_port)
         self._query: Any = None
@@ -198,7 +202,15 @@ class RetryPipeline:
         """Count the batches the body reported since the last look, in order."""
         if self._follower is None:
             return
-        for entry in self._follower.new_entries():
+        try:
+            entries = self._follower.new_entries()
+        except (KafkaException, RedriveError) as exc:
+            # The brokers are away: whether the query can go on is Spark's to say (run() raises
+            # its error). The reports wait in the ledger, read from where the follower got to.
+            self.health.trouble(str(exc))
+            return
+        self.health.ok()
+        for entry in entries:
             if entry.state == ledger.DONE and entry.report.get("checkpoint") == self.checkpoint:
                 self._count(BatchReport.from_dict(entry.report))
 
@@ -235,7 +247,7 @@ class RetryPipeline:
         self._waiting_next = time.monotonic() + self._waiting_every_s
         try:
             held, oldest = waiting_retries(self.connection, self.plans, self.group)
-        except RedriveError as exc:
+        except (KafkaException, RedriveError) as exc:
             log.warning("pipeline %s: could not read its retry partitions: %s", self.group, exc)
             return
         self.metrics.paused_partitions(held)

@@ -9,6 +9,7 @@ driver plans (`planning`), executors read (`readers`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from redrive.clock import now_ms
+from redrive.errors import BrokerUnavailable
 from redrive.kafka.records import PartitionKey
 from redrive.spark.options import (
     EARLIEST,
@@ -50,6 +52,10 @@ from redrive.spark.readers import KafkaRange, read_range
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "redrive-kafka"
+# How long micro-batch planning waits for brokers that do not answer before the query fails.
+OUTAGE_WAIT_S = 120.0
+FIRST_RETRY_S = 0.5
+MAX_RETRY_S = 10.0
 
 
 def planned_ranges(start: Mapping[PartitionKey, int],
@@ -122,6 +128,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self.broker.list_offsets(tps, "latest")
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
+        """The next batch's end. Through a broker outage planning waits, asking again at
+        growing intervals, for up to OUTAGE_WAIT_S before the query fails with the error:
+        nothing can be read meanwhile, and a short outage need not stop the query."""
+        waited, pause = 0.0, FIRST_RETRY_S
+        while True:
+            try:
+                return self._latest_offset(start, limit)
+            except BrokerUnavailable as exc:
+                if waited >= OUTAGE_WAIT_S:
+                    raise
+                if waited == 0:
+                    log.warning("%s; planning waits up to %.0fs for the brokers", exc,
+                                OUTAGE_WAIT_S)
+                time.sleep(pause)
+                waited += pause
+                pause = min(pause * 2, MAX_RETRY_S)
+
+    def _latest_offset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
         begin = offsets_from_json(start)
         # Spark plans the next batch only once the previous one is done, so `start` is
         # processed. It calls commit(end) only when planning the batch after that, which never

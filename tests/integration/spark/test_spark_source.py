@@ -27,6 +27,7 @@ from pyspark.sql.types import (
 )
 
 from redrive import headers, kafka
+from redrive.errors import BrokerUnavailable
 from redrive.spark import source
 from redrive.spark.options import SourceOptions
 from redrive.spark.planning import offsets_to_json, rate_limit
@@ -492,3 +493,35 @@ def test_rate_limit_never_exceeds_the_limit() -> None:
     # Spark compares offsets as JSON text, so the order must not depend on insertion.
     assert json.dumps(offsets_to_json({("b", 10): 1, ("b", 9): 2, ("a", 0): 3})) == (
         '{"a": {"0": 3}, "b": {"9": 2, "10": 1}}')
+
+
+def test_planning_waits_out_a_broker_outage_then_fails_naming_the_broker(
+        bootstrap: str, new_topic: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    topic = new_topic(1)
+    kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(topic, b"x")] * 3)
+    pauses: list[float] = []
+    monkeypatch.setattr(source.time, "sleep", pauses.append)
+    reader = _reader(bootstrap, topic)
+    try:
+        start = reader.initialOffset()
+        real = reader.broker.list_offsets
+        outage = [3]  # the number of requests the brokers do not answer
+
+        def list_offsets(*args: Any) -> Any:
+            if outage[0] > 0:
+                outage[0] -= 1
+                raise BrokerUnavailable(bootstrap, "Failed to get metadata: transport failure")
+            return real(*args)
+
+        monkeypatch.setattr(reader.broker, "list_offsets", list_offsets)
+        assert reader.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 3}}
+        assert pauses == [0.5, 1.0, 2.0]  # growing intervals, then the batch is planned
+
+        pauses.clear()
+        outage[0] = 1_000  # longer than planning waits
+        with pytest.raises(BrokerUnavailable, match=bootstrap.replace(".", r"\.")):
+            reader.latestOffset(start, ReadAllAvailable())
+        assert sum(pauses[:-1]) < source.OUTAGE_WAIT_S <= sum(pauses)
+        assert max(pauses) == source.MAX_RETRY_S
+    finally:
+        reader.stop()
