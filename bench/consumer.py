@@ -54,7 +54,7 @@ from confluent_kafka import TopicPartition
 from redrive import kafka
 from redrive.backends import DelayQueue, RetryBackend
 from redrive.consumer import RetryingConsumer
-from redrive.consumer.runtime import CONSUMER_OVERRIDES
+from redrive.consumer.readers import CONSUMER_OVERRIDES
 from redrive.delay import DelayService, Tiers
 from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, RetryPolicy

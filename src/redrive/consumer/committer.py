@@ -1,9 +1,13 @@
 """The consumer runtime's commit side: a handled batch's copies produced, its offsets committed.
 
 At-least-once, the copies go out without waiting and the batch waits in a `CommitPipeline` while
-the next batches are handled: its offsets are committed once its copies and those of every earlier
-batch are acknowledged, and a failed delivery rewinds the partitions of the first unconfirmed
-batch and of every later one. Transactional, the copies and offsets of a batch are one Kafka
+the next batches are handled: its offsets (offset + 1 of the last finished record per partition)
+are committed once its copies and those of every earlier batch are acknowledged, and a failed
+delivery rewinds the partitions of the first unconfirmed batch and of every later one to their
+first records, uncommitted (at-least-once). A batch with no copies, while nothing is unconfirmed,
+is committed at once. Those commits do not wait for the broker's answer (a synchronous commit
+blocks for as long as the group's coordinator is away); on revoke and close what was so committed
+is committed once more, waiting. Transactional, the copies and offsets of a batch are one Kafka
 transaction (`redrive.kafka.transactions`); an aborted one rewinds the batch's partitions.
 Either way the retry backend's `flush` comes first, so a committed offset always has its outcome
 recorded.

@@ -33,6 +33,20 @@ from redrive import kafka
 # lateness. It rests only once each partition said it is at its end (a partition EOF event), so
 # a fetch is never cut short.
 REST_S = 0.025
+# The member's fetch settings (the reader's are derived from them).
+CONSUMER_OVERRIDES: Mapping[str, Any] = {
+    # A resumed partition is fetched in the next fetch request; a shorter broker-side wait keeps
+    # that close to the due time (lateness) when the other partitions are idle.
+    "fetch.wait.max.ms": 100,
+    # Fetched records wait in one local queue: a resumed retry partition's records land behind
+    # everything prefetched from busy main partitions. A shallow prefetch keeps them close to
+    # their due time at little cost in throughput.
+    "queued.min.messages": 2000,
+    # librdkafka postpones a partition's next fetch by this much once the local queue is over
+    # that threshold (1 s by default): with a shallow queue, and a broker that answers a fetch
+    # with more than asked for, every partition then stalls for a second at a time.
+    "fetch.queue.backoff.ms": 10,
+}
 
 
 class Readers:

@@ -20,29 +20,19 @@ is handled record by record, in partition order:
 - with a `DeadLetterLimit` in the policy, a dead letter that would pass it holds its partition at
   that record instead (`redrive.consumer.brakes`) until `redrive resume` or the cool-off.
 
-After each batch its copies are produced without waiting (`redrive.consumer.commits`): the next
-batches are handled while the broker acknowledges them, and a batch's offsets are committed
-(offset + 1 of the last finished record per partition, without waiting: a synchronous commit
-would block the loop, and stop(), for as long as the brokers are away) only once its copies and
-those of every earlier batch are acknowledged, so a partition never commits past a record it has
-not finished or whose copy is unconfirmed. A failed delivery rewinds the partitions of the first
-unconfirmed batch and of every later one to their first records, and drops those batches
-uncommitted (at-least-once). A batch with no copies, while nothing is unconfirmed, is committed at
-once. With `transactional=True` the copies and the offsets of a batch are one Kafka transaction
-instead: after any crash no copy is visible twice to read_committed readers; on a failed
-transaction it is aborted and the batch's partitions are rewound to the batch's first records.
+After each batch the committer (`redrive.consumer.committer`) produces its copies and commits
+its offsets: at-least-once without waiting, and never past a record that is unfinished or whose
+copy is unacknowledged (a failed delivery rewinds the batch); transactional, the copies and the
+offsets as one Kafka transaction, so that after any crash no copy is visible twice to
+read_committed readers.
 
-Rebalance callbacks run only inside `poll()`, between batches. On revoke the runtime first waits
-for the unconfirmed copies and commits every batch acknowledged (on lost it commits nothing of the
-lost partitions); then it drops the holds and in-place state of the revoked or lost partitions.
-stop() and close() likewise wait for the copies and commit what was acknowledged before leaving;
-there, and on revoke, what was committed without waiting is committed once more, waiting.
+Rebalance callbacks run only inside `poll()`, between batches. On revoke, and at stop() and
+close(), the runtime waits for the unconfirmed copies and commits every batch acknowledged (on
+lost, nothing of the lost partitions), then drops the holds and in-place state of the partitions.
 
-Through a broker outage the loop goes on: librdkafka reconnects, a copy unconfirmed past
-`timeout_s` rewinds its batch as any failed delivery does, nothing unconfirmed is committed, and
-`BrokerHealth` (`redrive.kafka.health`) logs the outage once, sets `redrive_broker_up`, and checks
-for the brokers' return at growing intervals. A producer of copies that failed for good (its
-idempotence state lost in a broker restart) is replaced.
+Through a broker outage the loop goes on (`redrive.kafka.health`): nothing unconfirmed is
+committed, the outage is logged once and exposed as `redrive_broker_up`, and a producer of copies
+that failed for good (its idempotence state lost in a broker restart) is replaced.
 """
 
 from __future__ import annotations
@@ -67,7 +57,7 @@ from redrive.consumer.brakes import Brake
 from redrive.consumer.committer import Committer
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.plain import handle_plain
-from redrive.consumer.readers import Readers
+from redrive.consumer.readers import CONSUMER_OVERRIDES, Readers
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Why
@@ -84,19 +74,6 @@ log = logging.getLogger("redrive.consumer")
 
 Handler = Callable[[Record], object]
 
-CONSUMER_OVERRIDES: Mapping[str, Any] = {
-    # A resumed partition is fetched in the next fetch request; a shorter broker-side wait keeps
-    # that close to the due time (lateness) when the other partitions are idle.
-    "fetch.wait.max.ms": 100,
-    # Fetched records wait in one local queue: a resumed retry partition's records land behind
-    # everything prefetched from busy main partitions. A shallow prefetch keeps them close to
-    # their due time at little cost in throughput.
-    "queued.min.messages": 2000,
-    # librdkafka postpones a partition's next fetch by this much once the local queue is over
-    # that threshold (1 s by default): with a shallow queue, and a broker that answers a fetch
-    # with more than asked for, every partition then stalls for a second at a time.
-    "fetch.queue.backoff.ms": 10,
-}
 # The handler-time histogram costs more per observation than a trivial handler: it sees the first
 # record of each batch and one in HANDLER_SAMPLE after it (every call when records trickle in).
 HANDLER_SAMPLE = 16
