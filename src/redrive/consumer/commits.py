@@ -23,7 +23,7 @@ from typing import Any
 
 from redrive.consumer.batch import Copy
 from redrive.errors import DeliveryFailed
-from redrive.kafka.health import UNREACHED_CODES
+from redrive.kafka.produce import delivery_failed
 from redrive.kafka.records import PartitionKey
 
 
@@ -45,9 +45,7 @@ class Pending:
         """The producer's delivery report for one of this batch's copies."""
         self.waiting -= 1
         if err is not None and self.error is None:
-            self.error = DeliveryFailed(str(msg.topic()), msg.partition(), err.str(),
-                                        unanswered=err.code() in UNREACHED_CODES,
-                                        fatal=err.fatal())
+            self.error = delivery_failed(str(msg.topic()), msg.partition(), err)
 
     def fail(self, error: DeliveryFailed) -> None:
         """A copy could not even be produced: the batch fails as if its delivery had."""

@@ -121,7 +121,7 @@ class Committer:
         if len(self._pipeline) > MAX_UNCONFIRMED_BATCHES:
             self._wait_for_head()
 
-    def settle(self, exclude: Iterable[PartitionKey] = ()) -> None:
+    def settle(self, exclude: Iterable[PartitionKey] = (), *, leaving: bool = False) -> None:
         """Serve delivery reports; commit the acknowledged batches in order; rewind on a failure."""
         if not self._pipeline:
             return
@@ -140,7 +140,7 @@ class Committer:
                 self._renew_producer()
             excluded = set(exclude)
             self._rewind({tp: offset for tp, offset in settled.rewind.items()
-                          if tp in self._assigned and tp not in excluded})
+                          if tp in self._assigned and tp not in excluded}, leaving=leaving)
 
     def _wait_for_head(self) -> None:
         """Too many batches unconfirmed: wait for the oldest (the broker is slower than us)."""
@@ -158,7 +158,7 @@ class Committer:
             if self._serve(self._timeout_s, flush=True) > 0:
                 self._pipeline.expire_all(self._timeout_s)
             while self._pipeline:
-                self.settle(exclude)
+                self.settle(exclude, leaving=True)
         skip = set(exclude)
         owed = {tp: offset for tp, offset in self._unsynced.items()
                 if tp in self._assigned and tp not in skip}
@@ -216,10 +216,21 @@ class Committer:
             log.error("group %s: %s; the batch's partitions are rewound", self.group, exc)
             return False
 
-    def _rewind(self, first: Mapping[PartitionKey, int]) -> None:
+    def _rewind(self, first: Mapping[PartitionKey, int], *, leaving: bool = False) -> None:
+        """Seek back to the first records of failed batches. A partition being left (revoke,
+        close) that cannot be sought (librdkafka's erroneous state, as after a broker restart)
+        is left as it is: nothing past the rewind is committed, so its next owner starts there.
+        Otherwise the error ends run(): reading on from there would skip those records."""
         consumer = self._consumer
         for (topic, partition), offset in first.items():
-            consumer.seek(TopicPartition(topic, partition, offset))
+            try:
+                consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException as exc:
+                if not leaving:
+                    raise
+                log.warning("group %s: %s[%d] not rewound to %d while leaving it (%s); its "
+                            "next owner starts from the committed offset", self.group, topic,
+                            partition, offset, exc.args[0])
 
     def _count_routed(self, copies: Iterable[Copy]) -> None:
         for copy in copies:

@@ -45,9 +45,7 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
     def callback_for(index: int, topic: str) -> Any:
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                failures.append(DeliveryFailed(topic, msg.partition(), err.str(),
-                                               unanswered=err.code() in UNREACHED_CODES,
-                                               fatal=err.fatal()))
+                failures.append(delivery_failed(topic, msg.partition(), err))
             else:
                 results[index] = Delivered(str(msg.topic()), int(msg.partition() or 0),
                                            int(msg.offset() or 0))
@@ -64,6 +62,19 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
                              f"{remaining} record(s) unconfirmed after {timeout_s}s",
                              unanswered=True)
     return [result for result in results if result is not None]
+
+
+# A record refused for these is the sign of a producer whose idempotence state the broker lost
+# (a restart): librdkafka fails the producer for good, the record's own error aside.
+_STATE_LOST = frozenset({KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.UNKNOWN_PRODUCER_ID})
+
+
+def delivery_failed(topic: str, partition: int | None, error: KafkaError) -> DeliveryFailed:
+    """The DeliveryFailed for a delivery report's error: unanswered (an outage) or fatal (the
+    producer must be replaced) as its code says."""
+    return DeliveryFailed(topic, partition, error.str(),
+                          unanswered=error.code() in UNREACHED_CODES,
+                          fatal=error.fatal() or error.code() in _STATE_LOST)
 
 
 def producer_failed(exc: BaseException) -> bool:

@@ -8,7 +8,7 @@ import gc
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from redrive import headers as h
 from redrive.consumer import RetryingConsumer
@@ -89,6 +89,11 @@ class FakeProducer:
     def __init__(self) -> None:
         self.waiting: list[tuple[str, bytes, Callable[[Any, Any], None]]] = []
         self.fail_values: set[bytes] = set()
+        self.failure = refused("broker said no")
+        self.purged = False
+
+    def purge(self) -> None:
+        self.purged = True
 
     def produce(self, topic: str, **kwargs: Any) -> None:
         self.waiting.append((topic, kwargs["value"], kwargs["on_delivery"]))
@@ -98,7 +103,7 @@ class FakeProducer:
         keep = []
         for topic, value, callback in self.waiting:
             if values is None or value in values:
-                error = refused("broker said no") if value in self.fail_values else None
+                error = self.failure if value in self.fail_values else None
                 callback(error, FakeMessage(topic, 0))
             else:
                 keep.append((topic, value, callback))
@@ -114,6 +119,7 @@ class FakeProducer:
 
 class FakeConsumer:
     def __init__(self) -> None:
+        self.seek_error: KafkaError | None = None
         self.commits: list[dict[tuple[str, int], int]] = []  # asynchronous: each batch's
         self.synced: list[dict[tuple[str, int], int]] = []  # synchronous: on revoke and close
         self.seeks: list[tuple[str, int, int]] = []
@@ -124,6 +130,8 @@ class FakeConsumer:
         return None if asynchronous else offsets  # each with error None
 
     def seek(self, partition: Any) -> None:
+        if self.seek_error is not None:
+            raise KafkaException(self.seek_error)
         self.seeks.append((partition.topic, partition.partition, partition.offset))
 
     def resume(self, partitions: list[Any]) -> None:
@@ -249,3 +257,32 @@ def test_failed_records_leave_no_reference_cycles() -> None:
         gc.enable()
     assert runtime.metrics.total("redrive_retried_total") == 5
     assert left == 0
+
+
+def test_a_producer_whose_idempotence_state_the_broker_lost_is_replaced() -> None:
+    # After a broker restart a copy is refused with OUT_OF_ORDER_SEQUENCE_NUMBER (the report's
+    # error is not flagged fatal, the producer is): every later copy would fail the same way.
+    runtime, consumer, producer = _fake_runtime({b"0-1"})
+    fresh = FakeProducer()
+    committer = runtime._require_committer()
+    committer._make_producer = lambda: fresh  # type: ignore[assignment, return-value]
+    producer.fail_values = {b"0-1"}
+    producer.failure = KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence gap")
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    producer.deliver()
+    committer.settle()
+    assert producer.purged and committer._producer is fresh
+    assert consumer.seeks == [("orders", 0, 0)] and consumer.commits == []
+    runtime._handle_batch(_batch(0, range(0, 5)))  # handled again, its copy by the new one
+    fresh.deliver()
+    committer.settle()
+    assert consumer.commits == [{A: 5}]
+
+
+def test_a_partition_that_cannot_be_sought_while_leaving_does_not_stop_the_close() -> None:
+    runtime, consumer, producer = _fake_runtime({b"0-1"})
+    producer.fail_values = {b"0-1"}
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    consumer.seek_error = KafkaError(KafkaError._STATE, "Erroneous state")
+    runtime.close()  # the failed batch cannot be rewound: nothing of it is committed
+    assert consumer.commits == [] and consumer.synced == []
