@@ -253,13 +253,16 @@ class Committer:
                 return int(producer.flush(timeout_s))
             producer.poll(timeout_s)
             return 0
-        except KafkaException as exc:
-            if not producer_failed(exc):
+        except (KafkaException, SystemError) as exc:
+            # Inside a rebalance callback confluent-kafka surfaces the fatal error as a
+            # SystemError caused by it (seen after a noida-db restart).
+            failure = exc.__cause__ if isinstance(exc, SystemError) else exc
+            if not (isinstance(failure, KafkaException) and producer_failed(failure)):
                 raise
             head = self._pipeline.head
             if head is not None:
-                head.fail(DeliveryFailed(topic_of(head.copies), None, str(exc.args[0]),
-                                         fatal=True))
+                head.fail(DeliveryFailed(topic_of(head.copies), None,
+                                         "the producer of copies failed for good", fatal=True))
             else:
                 self._renew_producer()
             return 0
