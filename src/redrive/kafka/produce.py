@@ -64,9 +64,11 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
     return [result for result in results if result is not None]
 
 
-# A record refused for these is the sign of a producer whose idempotence state the broker lost
-# (a restart): librdkafka fails the producer for good, the record's own error aside.
-_STATE_LOST = frozenset({KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.UNKNOWN_PRODUCER_ID})
+# Codes of a producer failed for good, whether or not the error says fatal(): a record refused
+# for a lost idempotence state (a broker restart), after which librdkafka fails the producer,
+# and the _FATAL that every later produce() then raises.
+_FAILED = frozenset({KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.UNKNOWN_PRODUCER_ID,
+                     KafkaError._FATAL})
 
 
 def delivery_failed(topic: str, partition: int | None, error: KafkaError) -> DeliveryFailed:
@@ -74,7 +76,7 @@ def delivery_failed(topic: str, partition: int | None, error: KafkaError) -> Del
     producer must be replaced) as its code says."""
     return DeliveryFailed(topic, partition, error.str(),
                           unanswered=error.code() in UNREACHED_CODES,
-                          fatal=error.fatal() or error.code() in _STATE_LOST)
+                          fatal=error.fatal() or error.code() in _FAILED)
 
 
 def producer_failed(exc: BaseException) -> bool:
@@ -83,7 +85,7 @@ def producer_failed(exc: BaseException) -> bool:
     if isinstance(exc, DeliveryFailed):
         return exc.fatal
     error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return isinstance(error, KafkaError) and error.fatal()
+    return isinstance(error, KafkaError) and (error.fatal() or error.code() in _FAILED)
 
 
 def discard_producer(producer_: Producer | None) -> None:

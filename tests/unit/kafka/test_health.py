@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from redrive.errors import DeliveryFailed
 from redrive.kafka import health as health_module
 from redrive.kafka.health import BrokerHealth
+from redrive.kafka.produce import delivery_failed, producer_failed
 from redrive.metrics import Metrics
 
 
@@ -126,3 +127,14 @@ def test_watch_keeps_the_users_own_error_callback() -> None:
     config["error_cb"](down_error())
     assert seen == [KafkaError._ALL_BROKERS_DOWN] and health.down
     assert health.watch("b:9092")["bootstrap.servers"] == "b:9092"
+
+
+@pytest.mark.parametrize("code", [KafkaError._FATAL, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                  KafkaError.UNKNOWN_PRODUCER_ID])
+def test_a_producer_failed_for_good_is_recognised_without_the_fatal_flag(code: int) -> None:
+    # librdkafka raises `_FATAL` from produce() after its fatal error with fatal() False.
+    error = KafkaError(code, "as librdkafka reports it")
+    assert not error.fatal()
+    assert producer_failed(KafkaException(error))
+    assert delivery_failed("t", 0, error).fatal
+    assert not producer_failed(KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT)))
