@@ -113,7 +113,8 @@ def consumer_term(bootstrap: str, scratch: Path, sizes: Sizes) -> Outcome:
         # Warm-up numbers past the counted ones, all ending in 0 (none fails).
         run.produce(range(records, records + 10 * WARM_UP, 10))
         workers = two_members(run, warm_up=True)
-        run.wait_members([part.process.pid for part in workers if part.process is not None])
+        run.warm_up([part.process.pid for part in workers if part.process is not None],
+                    first=records + 10 * WARM_UP)
         run.produce(range(records))
         for worker, at in zip(workers, (0.3, 0.6), strict=True):
             run.wait_progress(at)

@@ -71,6 +71,20 @@ class ConsumerRun:
                 return
             time.sleep(0.05)
 
+    def warm_up(self, pids: list[int], first: int, timeout_s: float = 60.0) -> None:
+        """Until each of these workers has handled a record, producing a few warm-up numbers
+        (from `first`, all ending in 0: none fails) every POLL_S: a member that joins once the
+        earlier warm-up numbers are all handled has nothing to handle otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            seen = {int(line.split()[6]) for line in self.sink_lines()}
+            if set(pids) <= seen:
+                return
+            self.produce(range(first, first + 10 * 20, 10))
+            first += 10 * 20
+            time.sleep(POLL_S)
+        raise RuntimeError(f"{self.name}: workers {pids} not all handling in {timeout_s} s")
+
     def sink_lines(self) -> list[str]:
         if not self.log.exists():
             return []
