@@ -42,7 +42,7 @@ def main() -> int:
         lines.flush()
 
     pipeline = pipeline_jobs.pipeline(spark, **arguments, trigger_interval="200 milliseconds",
-                                      max_offsets_per_trigger=40, on_batch=reported)
+                                      max_offsets_per_trigger=100, on_batch=reported)
     pipeline.run()
     lines.write("stopped\n")
     lines.flush()

@@ -1,5 +1,10 @@
-"""A pipeline's driver SIGKILLed twice mid-stream and restarted from its checkpoint, in both
-forms: nothing lost, no row written twice to the sink, no retry or dead-letter copy made twice.
+"""A pipeline's driver SIGKILLed twice mid-stream and restarted from its checkpoint: nothing
+lost, no row written twice to the sink, no retry or dead-letter copy made twice.
+
+`make test` runs the DataFrame form here (each form's run takes over three minutes on two
+cores: three driver JVMs and about eight micro-batches); the per-record function form goes through
+the same fault in `make chaos` (bench/chaos.py's spark-driver fault: two SIGKILLs and a SIGTERM,
+counted from its Parquet sink and the broker). `RUN_BOTH_FORMS=1` runs both here.
 
 The driver runs in driver_runner.py's process (its JVM in the same process group, killed with
 it, as when a driver's machine dies). The batches it finished are read from the pipeline's
@@ -32,7 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 RUNNER = Path(__file__).with_name("driver_runner.py")
 RECORDS = 600
 KILLS = 2
-BATCHES_BEFORE_KILL = 3
+BATCHES_BEFORE_KILL = 2
 FINISH_TIMEOUT_S = 240.0
 
 
@@ -97,7 +102,10 @@ def finished(bootstrap: str, group: str, checkpoint: str) -> tuple[Counter[str],
     return counts, done
 
 
-@pytest.mark.parametrize("form", ["transform", "function"])
+FORMS = ["transform", "function"] if os.environ.get("RUN_BOTH_FORMS") else ["transform"]
+
+
+@pytest.mark.parametrize("form", FORMS)
 def test_a_driver_killed_twice_loses_nothing_and_writes_nothing_twice(
         spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path,
         form: str) -> None:
