@@ -1,0 +1,118 @@
+"""A RetryPipeline through a broker outage: its broker (one of the module's own) is stopped with
+SIGSTOP for a few seconds mid-stream and continued. The query rides it out without a restart,
+and every record ends once: each success written once to the Parquet sink, each poison record
+dead-lettered once, each retry copied once, and nothing before its due time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+
+from redrive import kafka
+from redrive.dev.brokers import DevBroker
+from redrive.policy import Backoff, RetryPolicy
+from redrive.spark import RetryPipeline
+
+from ..background import Background
+from .test_pipeline import read_all
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+POLICY = RetryPolicy(backoff=Backoff.sequence("1s"), not_retryable=ValueError)
+OUTAGE_S = 8.0
+RECORDS = 400
+
+
+def kind_of(i: int) -> str:
+    return "poison" if i % 25 == 0 else "flaky" if i % 10 == 3 else "ok"
+
+
+def handle(record: dict[str, Any]) -> dict[str, Any]:
+    kind = record["value"].decode().split(":")[0]
+    if kind == "poison":
+        raise ValueError("poison record")
+    if kind == "flaky" and record["attempt"] < 1:
+        raise ConnectionError("upstream down")
+    return {"key": record["key"].decode(), "attempt": record["attempt"]}
+
+
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevBroker]:
+    """A noida-db this module may stop: the session's broker serves the other tests."""
+    broker = DevBroker("noida-db", data_dir=tmp_path_factory.mktemp("pipeline-outage-broker"))
+    broker.start(timeout_s=60)
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+def produce(bootstrap: str, topic: str, numbers: range) -> dict[str, str]:
+    sent = {f"k{i}": kind_of(i) for i in numbers}
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, f"{kind}:{key}".encode(), key.encode())
+        for key, kind in sent.items()])
+    return sent
+
+
+def test_a_broker_stopped_mid_stream_loses_and_repeats_nothing(
+        spark: Any, own_broker: DevBroker, unique_name: Any, tmp_path: Path) -> None:
+    bootstrap = own_broker.bootstrap
+    topic = unique_name("outage")
+    kafka.create_topics(kafka.admin(bootstrap), {topic: 2})
+    group = unique_name("outage-g")
+    sent = produce(bootstrap, topic, range(RECORDS // 2))
+    sink = tmp_path / "out"
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, function=handle,
+                             output_schema="key string, attempt int", sink=str(sink),
+                             checkpoint=str(tmp_path / "cp"), max_offsets_per_trigger=100,
+                             trigger_interval="300 milliseconds")
+    expected_ok = {k for k, kind in [*sent.items(), *((f"k{i}", kind_of(i)) for i in
+                                                      range(RECORDS // 2, RECORDS))]
+                   if kind != "poison"}
+    running = Background(pipeline)
+    try:
+        deadline = time.monotonic() + 120
+        while pipeline.stats.finished < 60:
+            assert running.thread.is_alive(), running.error
+            assert time.monotonic() < deadline, f"no progress: {pipeline.stats}"
+            time.sleep(0.2)
+        pid = own_broker.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(OUTAGE_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        sent.update(produce(bootstrap, topic, range(RECORDS // 2, RECORDS)))
+        deadline = time.monotonic() + 180
+        while pipeline.stats.succeeded < len(expected_ok) \
+                or pipeline.stats.dead_lettered < RECORDS // 25:
+            assert running.thread.is_alive(), f"the pipeline stopped: {running.error!r}"
+            assert time.monotonic() < deadline, f"not finished: {pipeline.stats}"
+            time.sleep(0.5)
+    finally:
+        running.stop(timeout_s=120)
+
+    rows = spark.read.parquet(str(sink)).select("key", "attempt").collect()
+    written = Counter(row["key"] for row in rows)
+    assert set(written) == expected_ok  # lost 0
+    assert max(written.values()) == 1  # 0 rows twice
+    flaky = {k for k, kind in sent.items() if kind == "flaky"}
+    assert {row["key"] for row in rows if row["attempt"] == 1} == flaky
+    dead = Counter(m.key().decode() for m in read_all(bootstrap, f"{topic}.{group}.dlt"))
+    assert dead == {k: 1 for k, kind in sent.items() if kind == "poison"}
+    copies = Counter(m.key().decode() for m in read_all(bootstrap, f"{topic}.{group}.retry.1s"))
+    assert copies == {k: 1 for k in flaky}
+    assert pipeline.stats.early == 0
