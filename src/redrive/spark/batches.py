@@ -24,6 +24,7 @@ from redrive import kafka
 from redrive.backends import BoundBackend, Verdict
 from redrive.clock import now_ms
 from redrive.errors import MalformedHeader
+from redrive.kafka.produce import producer_failed
 from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.policy import RetryPolicy
 from redrive.record import Record
@@ -42,7 +43,7 @@ from redrive.spark.outcomes import (
     Routed,
 )
 from redrive.spark.sql import functions
-from redrive.spark.writer import cached_producer
+from redrive.spark.writer import cached_producer, drop_cached_producers
 
 log = logging.getLogger("redrive.spark")
 
@@ -83,6 +84,21 @@ class BatchBody:
         return ledger.ledger_topic(self.group)
 
     def __call__(self, frame: Any, batch_id: int) -> None:
+        try:
+            self._handle(frame, batch_id)
+        except Exception as exc:
+            if not _a_producer_failed(exc):
+                raise
+            # An idempotent producer fails for good when the broker loses its state (a broker
+            # restart: OUT_OF_ORDER_SEQUENCE_NUMBER). Failing the batch would stop the query;
+            # instead new producers run it again as Spark replays a batch: the ledger says
+            # which copies were written, and the sink's write for this batch id is replaced.
+            log.warning("pipeline %s: batch %d: a producer failed for good (%s); new producers "
+                        "run the batch again", self.group, batch_id, exc)
+            drop_cached_producers()
+            self._handle(frame, batch_id)
+
+    def _handle(self, frame: Any, batch_id: int) -> None:
         previous = ledger.last(self.connection, self.ledger_topic)
         if previous is not None and previous.report.get("checkpoint") != self.checkpoint:
             previous = None  # another query's batches (a new checkpoint starts at 0 again)
@@ -258,6 +274,17 @@ class BatchBody:
         if copies:
             kafka.produce_confirmed(self._producer(), copies)
         return tuple(Routed(*key, n) for key, n in counts.items())
+
+
+def _a_producer_failed(exc: BaseException) -> bool:
+    """Whether a producer's failure for good caused `exc` (confluent-kafka raises it from a
+    delivery callback as a SystemError caused by the KafkaException)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if producer_failed(seen):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _outcomes_of(counted: list[Any], routes: tuple[Routed, ...]) -> tuple[Outcomes, ...]:

@@ -33,6 +33,7 @@ from pyspark.sql.types import (
 
 from redrive import kafka
 from redrive.errors import RedriveError
+from redrive.kafka.produce import discard_producer
 
 # Producers cannot be pickled, and a cache in a function shipped from __main__ is rebuilt for
 # every batch. This module is imported once per Python worker, which Spark reuses across tasks
@@ -59,6 +60,15 @@ def cached_producer(connection: kafka.Connection,
         producer = kafka.producer(connection, overrides=overrides)
         _PRODUCERS[key] = producer
     return producer
+
+
+def drop_cached_producers() -> None:
+    """Forget this worker's producers (without delivering what they hold): one failed for good,
+    and the next cached_producer() call makes a new one."""
+    producers = list(_PRODUCERS.values())
+    _PRODUCERS.clear()
+    for producer in producers:
+        discard_producer(producer)
 
 
 def _as_bytes(value: bytes | bytearray | str | None) -> bytes | None:
