@@ -1,7 +1,13 @@
-"""A RetryPipeline through a broker outage: its broker (one of the module's own) is stopped with
-SIGSTOP for a few seconds mid-stream and continued. The query rides it out without a restart,
-and every record ends once: each success written once to the Parquet sink, each poison record
-dead-lettered once, each retry copied once, and nothing before its due time."""
+"""A RetryPipeline through a broker outage mid-stream, on a broker of the module's own: stopped
+with SIGSTOP for a few seconds and continued. The query rides it out without a restart, and every
+record ends once: each success written once to the Parquet sink, each poison record
+dead-lettered once, each retry copied once, and nothing before its due time.
+
+BROKER_KILL_TESTS=1 adds the broker SIGKILLed and started again on its data dir, which loses the
+idempotent producers' state: the batch body's producers fail for good and new ones run the batch
+again. It is not in `make test`: in 7 runs on 2026-11-25 it passed 5 times; once two flaky
+records' retries were written twice, once the batch failed again after the new producers took
+over (see the issue note)."""
 
 from __future__ import annotations
 
@@ -31,6 +37,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 POLICY = RetryPolicy(backoff=Backoff.sequence("1s"), not_retryable=ValueError)
 OUTAGE_S = 8.0
+# noida-db loses what it acknowledged in the last half second or so before a SIGKILL
+# (test_broker_outages.py): the records produced before the kill are given this long.
+DURABLE_S = 1.5
 RECORDS = 240
 
 
@@ -66,8 +75,27 @@ def produce(bootstrap: str, topic: str, numbers: range) -> dict[str, str]:
     return sent
 
 
-def test_a_broker_stopped_mid_stream_loses_and_repeats_nothing(
-        spark: Any, own_broker: DevBroker, unique_name: Any, tmp_path: Path) -> None:
+def outage(broker: DevBroker, how: str) -> None:
+    if how == "kill":
+        time.sleep(DURABLE_S)
+        broker.kill()
+        broker.start(timeout_s=60)
+        return
+    pid = broker.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(OUTAGE_S)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"] if os.environ.get("BROKER_KILL_TESTS")
+                         else ["stop"])
+def test_a_broker_outage_mid_stream_loses_and_repeats_nothing(
+        spark: Any, own_broker: DevBroker, unique_name: Any, tmp_path: Path, how: str) -> None:
+    if not own_broker.running:
+        own_broker.start(timeout_s=60)
     bootstrap = own_broker.bootstrap
     topic = unique_name("outage")
     kafka.create_topics(kafka.admin(bootstrap), {topic: 2})
@@ -88,13 +116,7 @@ def test_a_broker_stopped_mid_stream_loses_and_repeats_nothing(
             assert running.thread.is_alive(), running.error
             assert time.monotonic() < deadline, f"no progress: {pipeline.stats}"
             time.sleep(0.2)
-        pid = own_broker.pid
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            time.sleep(OUTAGE_S)
-        finally:
-            os.kill(pid, signal.SIGCONT)
+        outage(own_broker, how)
         sent.update(produce(bootstrap, topic, range(RECORDS // 2, RECORDS)))
         deadline = time.monotonic() + 180
         while pipeline.stats.succeeded < len(expected_ok) \
