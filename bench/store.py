@@ -6,6 +6,7 @@ Starts its own noida-db unless --bootstrap is given, and its own PostgreSQL serv
 fsync on, as SQLite's synchronous=FULL) unless --postgres is given. The workload is the same for
 every path: N records that each fail their first delivery and succeed when retried after a 100 ms
 backoff. Throughput is N over the time from the first handler call to the last retried success.
+The store's scheduler runs as it is deployed: `redrive store run`, a process of its own.
 
 S1  records/s through the store path (fail -> store -> due -> scheduler republishes -> succeed),
     SQLite / the retry-topic path (fail -> retry topic -> due -> succeed).
@@ -21,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -40,8 +43,9 @@ from redrive.dev.brokers import DevBroker
 from redrive.dev.postgres import DevPostgres
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
-from redrive.store import RetryStore, Scheduler, StoreBackend
-from redrive.store.rows import RowFilter
+from redrive.store import RetryStore, StoreBackend
+from redrive.store.rows import Entry, RowFilter
+from redrive.store.schema import IN_FLIGHT, PENDING
 
 PARTITIONS = 4
 VALUE_BYTES = 100
@@ -95,37 +99,57 @@ class Run:
         return self.records / max(0.001, (self.last_ms - (self.first_ms or 0)) / 1000)
 
 
-def measure(bootstrap: str, records: int, backend: RetryBackend,
-            scheduler: Scheduler | None, timeout_s: float) -> Run:
+def measure(bootstrap: str, records: int, backend: RetryBackend, timeout_s: float) -> Run:
     topic = fill(bootstrap, records)
     run = Run(records)
     consumer = RetryingConsumer(bootstrap, topic, f"bench-{uuid.uuid4().hex[:8]}",
                                 RetryPolicy(backoff=Backoff.fixed(BACKOFF)), run.handle,
                                 config=GROUP_CONFIG, retry_backend=backend)
-    threads = [threading.Thread(target=consumer.run, daemon=True)]
-    if scheduler is not None:
-        threads.append(threading.Thread(target=scheduler.run, daemon=True))
-    for thread in threads:
-        thread.start()
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
     deadline = time.monotonic() + timeout_s
     while not run.done() and time.monotonic() < deadline:
         time.sleep(0.02)
     consumer.stop()
-    if scheduler is not None:
-        scheduler.stop()
-    for thread in threads:
-        thread.join(60)
+    thread.join(60)
     return run
+
+
+def start_scheduler(bootstrap: str, url: str, store: RetryStore) -> subprocess.Popen[bytes]:
+    """`redrive store run` on the store, returned once it has republished a first row (so its
+    connections are made before the measured run)."""
+    warm_up = fill(bootstrap, 0)
+    at = now_ms()
+    store.write([Entry(group="bench-warm-up", topic=warm_up, partition=0, offset=0,
+                       timestamp_ms=at, key=None, mode="payload", value=b"", headers=[],
+                       target=None, attempt=1, first_failure_ms=at, due_ms=at, status=PENDING,
+                       reason=None, error_type=None, error_message=None, error_trace=None)], [])
+    process = subprocess.Popen([sys.executable, "-m", "redrive", "store", "run", "--bootstrap",
+                                bootstrap], env={**os.environ, "REDRIVE_STORE_URL": url},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while store.counts(RowFilter(group="bench-warm-up")) != {IN_FLIGHT: 1}:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise SystemExit("the store scheduler did not start: "
+                             + (process.communicate()[1] or b"").decode(errors="replace"))
+        time.sleep(0.05)
+    return process
 
 
 def store_run(bootstrap: str, records: int, url: str,
               timeout_s: float) -> tuple[Run, list[int]]:
     store = RetryStore(url)
     try:
-        scheduler = Scheduler(store, bootstrap)
-        run = measure(bootstrap, records, StoreBackend(store), scheduler, timeout_s)
+        scheduler = start_scheduler(bootstrap, url, store)
+        try:
+            run = measure(bootstrap, records, StoreBackend(store), timeout_s)
+        finally:
+            scheduler.terminate()
+            scheduler.wait(60)
         rows = store.find(RowFilter(), limit=None)
-        lateness = [r.dispatched_ms - r.due_ms for r in rows if r.dispatched_ms is not None]
+        lateness = [r.dispatched_ms - r.due_ms for r in rows
+                    if r.dispatched_ms is not None and r.group != "bench-warm-up"]
         return run, lateness
     finally:
         store.close()
@@ -157,8 +181,8 @@ def main() -> None:
         with TemporaryDirectory(prefix="redrive-bench-store-") as scratch:
             pg_url = args.postgres or (postgres.create_database() if postgres else "")
             runs: dict[str, Callable[[], tuple[Run, list[int]]]] = {
-                "retry topics": lambda: (measure(bootstrap, records, RetryTopics(), None,
-                                                 timeout_s), []),
+                "retry topics": lambda: (measure(bootstrap, records, RetryTopics(), timeout_s),
+                                         []),
                 "store: SQLite": lambda: store_run(bootstrap, records,
                                                    str(Path(scratch) / "bench.db"), timeout_s),
                 "store: PostgreSQL": lambda: store_run(bootstrap, records, pg_url, timeout_s),

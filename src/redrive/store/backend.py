@@ -19,7 +19,7 @@ from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.record import Origin, Record
 from redrive.routing import DeadLetter, Retry, Route
-from redrive.store.rows import Coordinates, Entry, StoredRetry, Success
+from redrive.store.rows import Coordinates, Entry, RecordState, Success
 from redrive.store.schema import DEAD, IN_FLIGHT, MODES, PARKED, PAYLOAD, PENDING
 from redrive.store.store import RetryStore
 
@@ -73,7 +73,7 @@ class _StoreBound(BoundBackend):
         self._waiting_keys: set[tuple[str, bytes]] = set()
         # What prefetch read for this batch: a row (None: absent) per dispatched origin, and
         # whether each (topic, key) is active. Anything else is asked of the store in admit.
-        self._rows: dict[Coordinates, StoredRetry | None] = {}
+        self._rows: dict[Coordinates, RecordState | None] = {}
         self._keys_active: dict[tuple[str, bytes], bool] = {}
 
     def consumed_topics(self, plan: topics.TopicPlan) -> list[str]:
@@ -104,7 +104,7 @@ class _StoreBound(BoundBackend):
                 origins.append((origin.topic, origin.partition, origin.offset))
             elif self.backend.ordering and record.key is not None:
                 keys.append((origin.topic, record.key))
-        found = self.store.find_records(self.group, origins)
+        found = self.store.record_states(self.group, origins)
         self._rows = {coordinates: found.get(coordinates) for coordinates in origins}
         active = self.store.active_keys(self.group, keys)
         self._keys_active = {key: key in active for key in keys}
@@ -129,11 +129,11 @@ class _StoreBound(BoundBackend):
             return Verdict.PARKED
         return Verdict.PROCESS
 
-    def _row(self, origin: Origin) -> StoredRetry | None:
+    def _row(self, origin: Origin) -> RecordState | None:
         coordinates = (origin.topic, origin.partition, origin.offset)
         if coordinates in self._rows:
             return self._rows[coordinates]
-        return self.store.find_record(self.group, *coordinates)
+        return self.store.record_states(self.group, [coordinates]).get(coordinates)
 
     def _key_active(self, topic: str, key: bytes) -> bool:
         known = self._keys_active.get((topic, key))

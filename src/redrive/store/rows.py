@@ -8,7 +8,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Row, and_, or_, true
 
@@ -72,6 +72,14 @@ class StoredRetry:
     @property
     def destination(self) -> str:
         return self.target or self.topic
+
+
+class RecordState(NamedTuple):
+    """Where a record's row stands: what a runtime needs to tell a copy to handle from one to
+    skip."""
+
+    status: str
+    attempt: int
 
 
 @dataclass(frozen=True)

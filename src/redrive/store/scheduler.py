@@ -1,13 +1,18 @@
 """The scheduler: republishes due stored retries to the topic their group reads.
 
-Each pass takes due pending rows (locked: FOR UPDATE SKIP LOCKED on PostgreSQL, so several
-schedulers share the work; the database lock on SQLite, so they take turns), builds each record
-(from the row in payload mode, read back from Kafka by assign + seek in reference mode), produces
-them with delivery confirmation and marks them in flight, all before the transaction commits.
+Each pass claims due pending rows (FOR UPDATE SKIP LOCKED on PostgreSQL, so several schedulers
+share the work; the database lock on SQLite, so they take turns) and commits the claim at once:
+the rows are in flight, not yet dispatched. Then it builds each record (from the row in payload
+mode, read back from Kafka by assign + seek in reference mode), produces them with delivery
+confirmation, and marks them dispatched. No database lock is held while the broker acknowledges,
+so the runtimes' writes never wait for it.
 
-A crash after the broker acknowledged a copy and before the commit leaves the row pending, so the
-next pass publishes it again: at most one duplicate per crash, carrying the same original
-topic/partition/offset and attempt, which is how the consuming runtime recognises and skips it.
+A scheduler that dies after claiming leaves its rows claimed: any scheduler makes them pending
+again once the claim is `claim_s` old (a minute, or the lease if shorter), and republishes them.
+One that dies after the broker acknowledged leaves copies whose rows are claimed: the copies are
+handled as usual, and only a row whose copy is not handled within the claim is republished, at
+most one duplicate per crash, carrying the same original topic/partition/offset and attempt, which
+is how the consuming runtime recognises and skips it.
 A reference whose record Kafka no longer has (retention, compaction) dies with reason `expired`.
 
 A row in flight holds a lease of `lease_s`: if its copy is not reported handled by then (the copy
@@ -57,6 +62,9 @@ ORPHAN_SWEEP_S = 30.0
 # Long enough for a consuming group's ordinary lag and restarts: a lease that runs out while a
 # slow copy still waits to be read only costs a second copy.
 DEFAULT_LEASE_S = 600.0
+# Longer than a pass takes (its produce waits up to timeout_s), short enough that rows claimed
+# by a scheduler that died come back soon.
+CLAIM_S = 60.0
 # A record read back is read alone: the broker should answer at once.
 READER_OVERRIDES: Mapping[str, Any] = {"fetch.wait.max.ms": 10}
 
@@ -98,6 +106,7 @@ class Scheduler:
         self.idle_s = float(idle_s)
         self.timeout_s = timeout_s
         self.lease_s = float(lease_s)
+        self.claim_s = min(self.lease_s, max(CLAIM_S, 2 * timeout_s))
         self.metrics = metrics if metrics is not None else Metrics("scheduler", "store")
         hooks: list[DeadHook] = list(on_dead)
         if webhook:
@@ -118,8 +127,8 @@ class Scheduler:
         """Publish what is due now (up to batch_size rows) and deliver pending notifications."""
         published, expired, lateness = 0, 0, list[int]()
         oldest = self.store.oldest_pending_due_ms()
-        # Rows are taken in a writing transaction only when some are due: on SQLite it holds
-        # the database's one write lock, which the runtimes' batches would wait for each pass.
+        # Rows are claimed in a writing transaction only when some are due: on SQLite it takes
+        # the database's one write lock, which the runtimes' batches would wait for.
         if oldest is not None and oldest <= now_ms():
             with self.store.take_due(self.batch_size) as batch:
                 published, expired, lateness = self._dispatch(batch)
@@ -133,7 +142,8 @@ class Scheduler:
     def reclaim(self) -> int:
         """Make pending again the rows whose lease ran out (see the module's doc); return how
         many."""
-        reclaimed = self.store.reclaim_expired(round(self.lease_s * 1000))
+        reclaimed = self.store.reclaim_expired(round(self.lease_s * 1000),
+                                               round(self.claim_s * 1000))
         if reclaimed:
             log.warning("%d stored retr%s in flight for over %gs without being handled: "
                         "republishing", reclaimed, "y" if reclaimed == 1 else "ies", self.lease_s)
@@ -240,8 +250,9 @@ class Scheduler:
         Nothing a failed pass took is lost, since its rows stay pending.
         """
         sweep_at = time.monotonic() + ORPHAN_SWEEP_S
-        # Checked a few times per lease, so a row comes back soon after its lease runs out.
-        reclaim_every_s = min(ORPHAN_SWEEP_S, self.lease_s / 4)
+        # Checked a few times per claim, so a row comes back soon after its claim or lease runs
+        # out.
+        reclaim_every_s = min(ORPHAN_SWEEP_S, self.claim_s / 4)
         reclaim_at = time.monotonic()
         failures = 0  # passes failed in a row
         self.start()

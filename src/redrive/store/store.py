@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +44,7 @@ from redrive.store.rows import (
     EVERY_ROW,
     Coordinates,
     Entry,
+    RecordState,
     RowFilter,
     StoredRetry,
     Success,
@@ -77,26 +78,29 @@ class UnknownRetry(RedriveError, LookupError):
 
 @dataclass
 class DueBatch:
-    """Due rows taken by one scheduler, locked until the transaction ends."""
+    """Due rows claimed by one scheduler: in flight, not yet dispatched (`dispatched_ms` None).
+
+    The claim is committed before the caller publishes, so the database's locks are not held
+    while the broker acknowledges. What the caller marks is written when its block ends.
+    """
 
     rows: list[StoredRetry]
-    conn: Connection
-    dead: list[int] = field(default_factory=list)
+    dispatched: list[int] = field(default_factory=list)
+    dispatched_ms: int = 0
+    dead: list[tuple[list[StoredRetry], str, str, int]] = field(default_factory=list)
 
     def mark_in_flight(self, ids: Iterable[int], at_ms: int) -> None:
-        ids = list(ids)
-        if ids:
-            self.conn.execute(update(retries).where(retries.c.id.in_(ids)).values(
-                status=IN_FLIGHT, dispatched_ms=at_ms, updated_ms=at_ms,
-                dispatches=retries.c.dispatches + 1))
+        self.dispatched.extend(ids)
+        self.dispatched_ms = at_ms
 
     def mark_dead(self, rows: Sequence[StoredRetry], reason: str, why: str, at_ms: int) -> None:
-        if not rows:
-            return
-        self.conn.execute(update(retries).where(retries.c.id.in_([r.id for r in rows])).values(
-            status=DEAD, reason=reason, error_type="redrive.store." + reason,
-            error_message=why, updated_ms=at_ms))
-        _release_keys(self.conn, [(r.group, r.topic, r.key) for r in rows], at_ms)
+        if rows:
+            self.dead.append((list(rows), reason, why, at_ms))
+
+    @property
+    def unsettled(self) -> list[int]:
+        settled = set(self.dispatched).union(r.id for rows, *_ in self.dead for r in rows)
+        return [row.id for row in self.rows if row.id not in settled]
 
 
 @dataclass
@@ -173,12 +177,14 @@ class RetryStore:
         at = now_ms() if at_ms is None else at_ms
         parks = [e for e in entries if e.status == PARKED]
         failures = [e for e in entries if e.status != PARKED]
+        # Built before the transaction: on SQLite it holds the database's one write lock.
+        failure_rows = [_entry_row(e, at) for e in failures]
         with self._begin() as conn:
             # Only keys kept in order need the lock (a success carries its key only then).
             self._lock_keys(conn, [(e.group, e.topic, e.key) for e in entries if e.ordered]
                             + [(s.group, s.topic, s.key) for s in successes])
             if failures:
-                conn.execute(self._upsert(), [_entry_row(e, at) for e in failures])
+                conn.execute(self._upsert(), failure_rows)
             # A statement per partition and attempt, not one per success: under load each round
             # trip costs milliseconds (250 updates of one row each took 0.9 s).
             by_group: dict[str, list[Success]] = defaultdict(list)
@@ -254,22 +260,23 @@ class RetryStore:
         with self._begin(read_only=True) as conn:
             return _key_active(conn, group, topic, key)
 
-    def find_records(self, group: str, origins: Iterable[Coordinates]
-                     ) -> dict[Coordinates, StoredRetry]:
-        """`find_record` for many (topic, partition, offset) of one group, in a statement per
-        partition and LOOKUP_CHUNK of them: the rows found, by those coordinates (an absent one
-        is left out)."""
+    def record_states(self, group: str, origins: Iterable[Coordinates]
+                      ) -> dict[Coordinates, RecordState]:
+        """Where the rows of many records of one group stand, in a statement per partition and
+        LOOKUP_CHUNK of them, by their (topic, partition, offset); an absent row is left out.
+        Only the two columns are read: a runtime asks this for every copy it reads back."""
         wanted = sorted(set(origins))
-        found: dict[Coordinates, StoredRetry] = {}
+        found: dict[Coordinates, RecordState] = {}
         if not wanted:
             return found
+        c = retries.c
         with self._begin(read_only=True) as conn:
             for chunk in _chunks(wanted):
                 for records in _each_partition(chunk):
-                    for row in conn.execute(select(retries).where(
-                            retries.c.group_id == group, records)):
-                        stored = StoredRetry.of(row)
-                        found[(stored.topic, stored.partition, stored.offset)] = stored
+                    for topic, partition, offset, status, attempt in conn.execute(
+                            select(c.topic, c.partition, c.offset, c.status, c.attempt)
+                            .where(c.group_id == group, records)):
+                        found[(topic, partition, offset)] = RecordState(status, attempt)
         return found
 
     def active_keys(self, group: str, keys: Iterable[tuple[str, bytes]]
@@ -294,17 +301,61 @@ class RetryStore:
 
     @contextmanager
     def take_due(self, limit: int, at_ms: int | None = None) -> Iterator[DueBatch]:
-        """Lock up to `limit` due pending rows for the caller until the block ends (commit).
+        """Claim up to `limit` due pending rows for the caller (see DueBatch).
 
-        If the block raises, nothing it marked is kept and the rows are due again.
+        When the block ends, what it marked is written in one transaction, and the rows it did
+        not mark are made pending again (if it raised, also those it meant to mark dead). If
+        the process dies instead, they stay claimed until `reclaim_expired` finds their claim
+        older than its `claim_ms`.
         """
         at = now_ms() if at_ms is None else at_ms
-        query = (select(retries).where(retries.c.status == PENDING, retries.c.due_ms <= at)
-                 .order_by(retries.c.due_ms).limit(limit)
-                 .with_for_update(skip_locked=True))
+        c = retries.c
+        query = (select(retries).where(c.status == PENDING, c.due_ms <= at)
+                 .order_by(c.due_ms).limit(limit).with_for_update(skip_locked=True))
         with self._begin() as conn:
-            rows = [StoredRetry.of(r) for r in conn.execute(query)]
-            yield DueBatch(rows, conn)
+            taken = conn.execute(query).all()
+            if taken:
+                conn.execute(update(retries).where(c.id.in_([r.id for r in taken])).values(
+                    status=IN_FLIGHT, dispatched_ms=None, updated_ms=at))
+        # Decoded once the lock is released.
+        rows = [StoredRetry.of(r) for r in taken]
+        batch = DueBatch(rows)
+        try:
+            yield batch
+        except BaseException:
+            # What was dispatched is in flight; the rest is handed back, and what the block
+            # meant to mark dead is decided again by the next pass.
+            batch.dead.clear()
+            self._release_claims(batch)
+            raise
+        if batch.dispatched or batch.dead or batch.unsettled:
+            self._settle(batch)
+
+    def _settle(self, batch: DueBatch) -> None:
+        c = retries.c
+        with self._begin() as conn:
+            if batch.dispatched:
+                at = batch.dispatched_ms
+                # A copy may already have been handled (succeeded, or failed again and
+                # pending): its row keeps that, and only learns when it was dispatched.
+                conn.execute(update(retries).where(
+                    c.id.in_(batch.dispatched), c.dispatched_ms.is_(None),
+                    c.status.in_((IN_FLIGHT, SUCCEEDED, DEAD))).values(
+                        dispatched_ms=at, dispatches=c.dispatches + 1))
+            for rows, reason, why, at in batch.dead:
+                conn.execute(update(retries).where(
+                    c.id.in_([r.id for r in rows]), c.status == IN_FLIGHT,
+                    c.dispatched_ms.is_(None)).values(
+                        status=DEAD, reason=reason, error_type="redrive.store." + reason,
+                        error_message=why, updated_ms=at))
+                _release_keys(conn, [(r.group, r.topic, r.key) for r in rows], at)
+            if batch.unsettled:
+                _unclaim(conn, batch.unsettled)
+
+    def _release_claims(self, batch: DueBatch) -> None:
+        # Unreachable now, they come back when their claim runs out.
+        with suppress(StoreUnavailable):
+            self._settle(batch)
 
     @contextmanager
     def take_unnotified(self, limit: int) -> Iterator[Unnotified]:
@@ -319,19 +370,26 @@ class RetryStore:
                 conn.execute(update(retries).where(retries.c.id.in_(batch.done))
                              .values(notified_ms=now_ms()))
 
-    def reclaim_expired(self, lease_ms: int, at_ms: int | None = None) -> int:
+    def reclaim_expired(self, lease_ms: int, claim_ms: int | None = None,
+                        at_ms: int | None = None) -> int:
         """Make pending again the in-flight rows whose copy went out at least `lease_ms` ago and
         was never reported handled (a copy lost to retention, an offset reset or a deleted
-        topic), so that the next pass republishes them; return how many.
+        topic), and those claimed at least `claim_ms` (default: `lease_ms`) ago and never
+        dispatched (their scheduler died), so that the next pass republishes them; return how
+        many.
 
         Their due time is kept: they are that late, and come first. A copy that was only slow
         and is handled after this is handled once more from the new copy only if that one is
         read before the row is marked succeeded: at least once, never lost.
         """
         at = now_ms() if at_ms is None else at_ms
+        claim = lease_ms if claim_ms is None else claim_ms
+        c = retries.c
         with self._begin() as conn:
             result = conn.execute(update(retries).where(
-                retries.c.status == IN_FLIGHT, retries.c.dispatched_ms <= at - lease_ms)
+                c.status == IN_FLIGHT,
+                or_(c.dispatched_ms <= at - lease_ms,
+                    and_(c.dispatched_ms.is_(None), c.updated_ms <= at - claim)))
                 .values(status=PENDING, updated_ms=at))
             return int(result.rowcount)
 
@@ -483,6 +541,13 @@ def _any_key(chunk: Sequence[tuple[str, str | None]]) -> ColumnElement[bool]:
 def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
     for start in range(0, len(items), LOOKUP_CHUNK):
         yield items[start:start + LOOKUP_CHUNK]
+
+
+def _unclaim(conn: Connection, ids: Sequence[int]) -> None:
+    """Claimed rows back to pending, unless a copy of theirs was handled meanwhile."""
+    c = retries.c
+    conn.execute(update(retries).where(c.id.in_(ids), c.status == IN_FLIGHT,
+                                       c.dispatched_ms.is_(None)).values(status=PENDING))
 
 
 def _key_is(group: str, topic: str, key: bytes | None) -> ColumnElement[bool]:

@@ -19,7 +19,7 @@ from redrive.record import Delivery, Origin, Record
 from redrive.routing import Retry
 from redrive.store import RetryStore, StoreBackend
 from redrive.store import store as store_module
-from redrive.store.rows import RowFilter, Success
+from redrive.store.rows import RecordState, RowFilter, Success
 from redrive.store.schema import (
     CANCELLED,
     DEAD,
@@ -94,10 +94,11 @@ def test_bulk_lookups_answer_as_the_single_ones(store: RetryStore,
     origins = [(topic, p, o) for topic in (TOPIC, "elsewhere") for p in (0, 1, 2)
                for o in [*range(14), 20, 21, 30]]
     rows = {origin: store.find_record(GROUP, *origin) for origin in origins}
-    assert store.find_records(GROUP, origins) == {o: r for o, r in rows.items() if r is not None}
+    assert store.record_states(GROUP, origins) == {
+        o: RecordState(r.status, r.attempt) for o, r in rows.items() if r is not None}
     assert {r.status for r in rows.values() if r is not None} == {
         PENDING, IN_FLIGHT, PARKED, SUCCEEDED, DEAD, CANCELLED}
-    assert store.find_records("nobody", origins) == {}
+    assert store.record_states("nobody", origins) == {}
 
     keys = [(topic, b"p%d-k%d" % (p, n)) for topic in (TOPIC, "elsewhere") for p in (0, 1)
             for n in range(14)]
@@ -107,7 +108,7 @@ def test_bulk_lookups_answer_as_the_single_ones(store: RetryStore,
     assert (TOPIC, b"p0-k1") in active  # parked only
     assert not active & {(TOPIC, b"p0-k3"), (TOPIC, b"p0-k5"), (TOPIC, b"p1-k6")}
     assert ("elsewhere", b"other-topic") in active and (TOPIC, b"other-group") not in active
-    assert store.find_records(GROUP, []) == {} and store.active_keys(GROUP, []) == set()
+    assert store.record_states(GROUP, []) == {} and store.active_keys(GROUP, []) == set()
 
 
 def scenario(store: RetryStore) -> None:

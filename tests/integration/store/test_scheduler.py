@@ -1,17 +1,19 @@
 """The store path end to end on noida-db, on SQLite and PostgreSQL: payload and reference modes,
-two schedulers sharing due rows, a crash between publish and mark, expired references, and
-notifications of dead records (a callable and a webhook on a local HTTP server)."""
+two schedulers sharing due rows, a scheduler killed before or after publishing, a failed pass,
+expired references, and notifications of dead records (a callable and a webhook on a local HTTP
+server)."""
 
 from __future__ import annotations
 
 import http.server
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from redrive import headers as h
 from redrive import kafka
@@ -22,7 +24,7 @@ from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry
 from redrive.store.rows import RowFilter
-from redrive.store.schema import DEAD, PENDING, REFERENCE, SUCCEEDED
+from redrive.store.schema import DEAD, IN_FLIGHT, PENDING, REFERENCE, SUCCEEDED
 from redrive.store.store import DueBatch
 from redrive.topics import plan
 
@@ -143,7 +145,11 @@ def test_two_schedulers_share_due_rows_and_publish_none_twice(
     assert all(c.partition == int(c.header(h.ORIGINAL_PARTITION) or -1) for c in copies)
 
 
-def test_a_crash_between_publish_and_mark_leaves_one_recognised_duplicate(
+class Crash(BaseException):
+    """The scheduler's process dying at this point: nothing after it runs."""
+
+
+def test_a_scheduler_killed_after_publishing_leaves_claims_whose_copies_are_handled_once(
         store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
         background: Start, monkeypatch: pytest.MonkeyPatch) -> None:
     topic, group, rows = new_topic(), unique_name("crash"), 5
@@ -159,36 +165,77 @@ def test_a_crash_between_publish_and_mark_leaves_one_recognised_duplicate(
     first = background(member())
     wait_until(lambda: store.counts().get(PENDING) == rows, 20, "all stored")
     wait_until(lambda: all(r.due_ms <= now_ms() for r in store.find()), 5, "all due")
-    # No member reads the copies until the crashed pass has been looked at: one that did would
-    # handle them and mark their rows succeeded under the assertions below.
     first.stop()
 
-    class Crash(BaseException):
-        pass
-
-    def crash(self: DueBatch, ids: Any, at_ms: int) -> None:
-        raise Crash("killed after the broker acknowledged, before the row was marked")
+    def killed(self: RetryStore, batch: DueBatch) -> None:
+        raise Crash("killed after the broker acknowledged, before the rows were marked")
 
     with monkeypatch.context() as patch:
-        patch.setattr(DueBatch, "mark_in_flight", crash)
+        patch.setattr(RetryStore, "_settle", killed)
         with pytest.raises(Crash):
             scheduler(store, bootstrap).run_once()
-    assert store.counts() == {PENDING: rows}  # nothing was marked
-    assert scheduler(store, bootstrap).run_once().published == rows  # published again
+    # Claimed, never marked dispatched: no other pass takes them while the claim lasts.
+    assert store.counts() == {IN_FLIGHT: rows}
+    assert all(r.dispatched_ms is None for r in store.find())
+    assert scheduler(store, bootstrap).run_once().published == 0
 
     consumer = member()
     running = background(consumer)
     wait_until(lambda: store.counts() == {SUCCEEDED: rows}, 20, "all succeeded")
-    wait_until(lambda: consumer.metrics.total("redrive_skipped_total") == rows, 20,
-               "duplicates skipped")
     running.stop()
-    # Each record's two copies carry the same origin and attempt: that is how they are told
-    # apart from a new failure, and the handler saw only one of them.
     copies = [c for c in read_all(bootstrap, topic) if c.header(h.GROUP) == group]
-    stories = [(c.header(h.ORIGINAL_OFFSET), c.header(h.ATTEMPT)) for c in copies]
-    assert len(copies) == 2 * rows and len(set(stories)) == rows
+    offsets = sorted(int(c.header(h.ORIGINAL_OFFSET) or -1) for c in copies)
+    assert offsets == list(range(rows))  # one copy each
     assert all(calls.count(b"r%d" % i) == 2 for i in range(rows))  # first try + one retry
-    assert consumer.metrics.value("redrive_skipped_total", topic=topic, why="duplicate") == rows
+    assert consumer.metrics.total("redrive_skipped_total") == 0
+
+
+def test_rows_claimed_by_a_scheduler_killed_before_publishing_come_back_after_the_claim(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    topic, group, rows = new_topic(), unique_name("claimed"), 4
+    due = now_ms() - 1
+    store.write([entry(group, topic, o, value=b"%d" % o, due_ms=due) for o in range(rows)], [])
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise Crash("killed before producing")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kafka, "produce_confirmed", killed)
+        patch.setattr(RetryStore, "_release_claims", lambda self, ids: None)  # no cleanup either
+        with pytest.raises(Crash):
+            scheduler(store, bootstrap).run_once()
+    assert store.counts() == {IN_FLIGHT: rows}
+    restarted = scheduler(store, bootstrap, lease_s=1.0)  # its claims last as long as the lease
+    try:
+        assert restarted.run_once().published == 0
+        assert restarted.reclaim() == 0  # the claim has not run out
+        time.sleep(1.05)
+        assert restarted.reclaim() == rows
+        assert restarted.run_once().published == rows
+    finally:
+        restarted.close()
+    found = store.find()
+    assert {(r.status, r.dispatches, r.due_ms) for r in found} == {(IN_FLIGHT, 1, due)}
+    copies = read_all(bootstrap, topic, expect=rows, timeout_s=30)
+    assert sorted(int(c.header(h.ORIGINAL_OFFSET) or -1) for c in copies) == list(range(rows))
+
+
+def test_a_pass_that_fails_hands_its_claims_back_at_once(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    topic, group = new_topic(), unique_name("handed-back")
+    store.write([entry(group, topic, o, due_ms=now_ms() - 1) for o in range(3)], [])
+
+    def unreachable(*args: Any, **kwargs: Any) -> None:
+        raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kafka, "produce_confirmed", unreachable)
+        with pytest.raises(KafkaException):
+            scheduler(store, bootstrap).run_once()
+    assert store.counts() == {PENDING: 3}
+    assert scheduler(store, bootstrap).run_once().published == 3
 
 
 def test_a_reference_gone_by_retention_dies_as_expired_and_is_notified(

@@ -144,17 +144,25 @@ def test_filters_requeue_and_release_of_orphans(store: RetryStore) -> None:
     assert [r.status for r in store.find(RowFilter(group="g3"))] == [PENDING, PARKED]
 
 
-def test_due_rows_are_taken_once_and_a_failed_block_leaves_them_due(store: RetryStore) -> None:
+def test_due_rows_are_claimed_once_and_those_not_sent_are_handed_back(store: RetryStore) -> None:
     store.write([entry("g", "t", o, due_ms=now_ms() - 10) for o in range(3)]
                 + [entry("g", "t", 9, due_ms=now_ms() + 60_000)], [])
     with pytest.raises(RuntimeError), store.take_due(10) as batch:
         assert sorted(r.offset for r in batch.rows) == [0, 1, 2]
-        batch.mark_in_flight([r.id for r in batch.rows], now_ms())
-        raise RuntimeError("crash before commit")
-    with store.take_due(2) as batch:
+        with store.take_due(10) as other:
+            assert other.rows == []  # claimed: no other scheduler takes them meanwhile
+        raise RuntimeError("the brokers are unreachable")
+    assert store.counts() == {PENDING: 4}
+    with pytest.raises(RuntimeError), store.take_due(2) as batch:
         assert len(batch.rows) == 2
-        batch.mark_in_flight([r.id for r in batch.rows], now_ms())
-    assert store.counts() == {IN_FLIGHT: 2, PENDING: 2}
+        sent = batch.rows[0].offset
+        batch.mark_in_flight([batch.rows[0].id], now_ms())
+        raise RuntimeError("failed after the copy of the first was acknowledged")
+    assert store.counts() == {IN_FLIGHT: 1, PENDING: 3}
+    with store.take_due(10) as batch:  # the other two due; the one not due is left
+        assert sorted(r.offset for r in batch.rows) == sorted({0, 1, 2} - {sent})
+        batch.mark_in_flight([batch.rows[0].id], now_ms())
+    assert store.counts() == {IN_FLIGHT: 2, PENDING: 2}  # one marked, one handed back
 
 
 def test_bad_arguments_name_field_and_value(tmp_path: object) -> None:
