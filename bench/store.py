@@ -1,12 +1,15 @@
 """Benchmark of the store retry path against the retry-topic path, on SQLite and PostgreSQL.
 
-    python bench/store.py [--quick] [--bootstrap HOST:PORT] [--postgres URL] [--json]
+    python bench/store.py [--quick] [--runs N] [--bootstrap HOST:PORT] [--postgres URL] [--json]
 
 Starts its own noida-db unless --bootstrap is given, and its own PostgreSQL server (durable:
 fsync on, as SQLite's synchronous=FULL) unless --postgres is given. The workload is the same for
 every path: N records that each fail their first delivery and succeed when retried after a 100 ms
 backoff. Throughput is N over the time from the first handler call to the last retried success.
 The store's scheduler runs as it is deployed: `redrive store run`, a process of its own.
+
+Each figure is the median of --runs rounds (3 by default), a round measuring the three paths back
+to back, and each ratio is taken within its round.
 
 S1  records/s through the store path (fail -> store -> due -> scheduler republishes -> succeed),
     SQLite / the retry-topic path (fail -> retry topic -> due -> succeed).
@@ -29,7 +32,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -169,55 +171,69 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of figures")
     parser.add_argument("--records", type=int, default=None)
+    parser.add_argument("--runs", type=int, default=None,
+                        help="rounds of the three paths (default 3, 1 with --quick)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     records = args.records or (2_000 if args.quick else 20_000)
+    args.runs = args.runs or (1 if args.quick else 3)
     timeout_s = 120.0 if args.quick else 900.0
 
     broker = None if args.bootstrap else DevBroker("noida-db").start(timeout_s=60)
     postgres = None if args.postgres else DevPostgres(durable=True).start()
     bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
+    paths = ("retry topics", "store: SQLite", "store: PostgreSQL")
+    # One round measures each path once, back to back; ratios are taken within a round, since
+    # this machine's speed drifts between minutes (the retry-topic path from 5k to 15k/s).
+    rounds: list[dict[str, tuple[Run, list[int]]]] = []
     try:
         with TemporaryDirectory(prefix="redrive-bench-store-") as scratch:
-            pg_url = args.postgres or (postgres.create_database() if postgres else "")
-            runs: dict[str, Callable[[], tuple[Run, list[int]]]] = {
-                "retry topics": lambda: (measure(bootstrap, records, RetryTopics(), timeout_s),
-                                         []),
-                "store: SQLite": lambda: store_run(bootstrap, records,
-                                                   str(Path(scratch) / "bench.db"), timeout_s),
-                "store: PostgreSQL": lambda: store_run(bootstrap, records, pg_url, timeout_s),
-            }
-            results = {name: measure_one() for name, measure_one in runs.items()}
+            for number in range(args.runs):
+                pg_url = args.postgres or (postgres.create_database() if postgres else "")
+                sqlite_path = str(Path(scratch) / f"bench-{number}.db")
+                rounds.append({
+                    paths[0]: (measure(bootstrap, records, RetryTopics(), timeout_s), []),
+                    paths[1]: store_run(bootstrap, records, sqlite_path, timeout_s),
+                    paths[2]: store_run(bootstrap, records, pg_url, timeout_s),
+                })
     finally:
         if postgres is not None:
             postgres.stop()
         if broker is not None:
             broker.close()
 
-    base = results["retry topics"][0].rate
-    lateness = results["store: SQLite"][1] + results["store: PostgreSQL"][1]
+    def median_rate(path: str) -> float:
+        return statistics.median(r[path][0].rate for r in rounds)
+
+    def median_ratio(path: str) -> float:
+        return statistics.median(r[path][0].rate / r[paths[0]][0].rate for r in rounds)
+
     rows = []
-    for name, (run, late) in results.items():
-        rows.append([name, records, f"{run.rate:,.0f}", f"{run.rate / base:.2f}",
+    for path in paths:
+        late = [ms for r in rounds for ms in r[path][1]]
+        rows.append([path, records, f"{median_rate(path):,.0f}", f"{median_ratio(path):.2f}",
+                     " ".join(f"{r[path][0].rate / r[paths[0]][0].rate:.2f}" for r in rounds),
                      f"{percentile(late, 0.5):.0f}" if late else "",
-                     f"{percentile(late, 0.99):.0f}" if late else "", run.early,
-                     records - len(run.succeeded)])
-    print(table(["path", "records", "records/s", "ratio to topics", "lateness p50 ms",
-                  "lateness p99 ms", "early", "lost"], rows))
+                     f"{percentile(late, 0.99):.0f}" if late else "",
+                     sum(r[path][0].early for r in rounds),
+                     sum(records - len(r[path][0].succeeded) for r in rounds)])
+    print(table(["path", "records", "records/s (median)", "ratio to topics (median)",
+                 "ratio per round", "lateness p50 ms", "lateness p99 ms", "early", "lost"], rows))
+    lateness = [ms for r in rounds for path in paths[1:] for ms in r[path][1]]
     figures = {
         "records": records,
-        "topics_rate": round(base, 1),
-        "sqlite_rate": round(results["store: SQLite"][0].rate, 1),
-        "postgres_rate": round(results["store: PostgreSQL"][0].rate, 1),
-        "sqlite_ratio": round(results["store: SQLite"][0].rate / base, 3),
-        "postgres_ratio": round(results["store: PostgreSQL"][0].rate / base, 3),
+        "rounds": len(rounds),
+        "topics_rate": round(median_rate(paths[0]), 1),
+        "sqlite_rate": round(median_rate(paths[1]), 1),
+        "postgres_rate": round(median_rate(paths[2]), 1),
+        "sqlite_ratio": round(median_ratio(paths[1]), 3),
+        "postgres_ratio": round(median_ratio(paths[2]), 3),
         "lateness_p50_ms": percentile(lateness, 0.5),
         "lateness_p99_ms": percentile(lateness, 0.99),
-        "early": sum(run.early for run, _ in results.values()),
-        "lost": sum(records - len(run.succeeded) for run, _ in results.values()),
+        "early": sum(run.early for r in rounds for run, _ in r.values()),
+        "lost": sum(records - len(run.succeeded) for r in rounds for run, _ in r.values()),
     }
-    print(f"\nlateness over {len(lateness)} stored retries: "
-          f"p50 {statistics.median(lateness) if lateness else float('nan'):.0f} ms")
+    print(f"\nlateness over {len(lateness)} stored retries in {len(rounds)} round(s)")
     if args.json:
         print(json.dumps(figures))
     sys.exit(0 if figures["lost"] == 0 and figures["early"] == 0 else 1)

@@ -19,7 +19,7 @@ from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.record import Origin, Record
 from redrive.routing import DeadLetter, Retry, Route
-from redrive.store.rows import Coordinates, Entry, RecordState, Success
+from redrive.store.rows import Coordinates, Entry, RecordState, Success, stored_headers
 from redrive.store.schema import DEAD, IN_FLIGHT, MODES, PARKED, PAYLOAD, PENDING
 from redrive.store.store import RetryStore
 
@@ -170,14 +170,16 @@ class _StoreBound(BoundBackend):
                error_type: str | None = None, error_message: str | None = None,
                error_trace: str | None = None) -> Entry:
         # Payload mode keeps the headers as routing wrote them (or as consumed, for a parked
-        # record); the scheduler replaces redrive's own with the row's when it republishes.
+        # record) but redrive's own, which the scheduler writes from the row when it
+        # republishes.
         payload = self.backend.mode == PAYLOAD
         timestamp = origin.timestamp_ms if origin.timestamp_ms is not None \
             and origin.timestamp_ms >= 0 else None
         return Entry(group=self.group, topic=origin.topic, partition=origin.partition,
                      offset=origin.offset, timestamp_ms=timestamp, key=record.key,
                      mode=self.backend.mode, value=record.value if payload else None,
-                     headers=list(headers) if payload else None, target=self.backend.inbox,
+                     headers=stored_headers(headers) if payload else None,
+                     target=self.backend.inbox,
                      attempt=attempt, first_failure_ms=first_failure_ms, due_ms=due_ms,
                      status=status, reason=reason, error_type=error_type,
                      error_message=error_message, error_trace=error_trace,

@@ -12,11 +12,19 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Row, and_, or_, true
 
+from redrive import headers as h
 from redrive.errors import InvalidArgument
 from redrive.store.schema import DEAD, MODES, PARKED, PENDING, STATUSES, retries
 
 Headers = list[tuple[str, bytes]]
 Coordinates = tuple[str, int, int]  # a record's original topic, partition and offset
+
+# redrive's headers that a republished copy takes from its row's columns (the scheduler writes
+# them anew), left out of a row's stored headers: they would store the trace a second time,
+# base64-encoded, and each row is rewritten three times on its way through the store.
+FROM_COLUMNS = frozenset({h.ATTEMPT, h.DUE, h.GROUP, h.FIRST_FAILURE, h.ORIGINAL_TOPIC,
+                          h.ORIGINAL_PARTITION, h.ORIGINAL_OFFSET, h.ORIGINAL_TIMESTAMP,
+                          h.ERROR_TYPE, h.ERROR_MESSAGE, h.ERROR_TRACE, h.REASON, h.TARGET})
 
 
 def key_digest(key: bytes | None) -> str | None:
@@ -25,6 +33,11 @@ def key_digest(key: bytes | None) -> str | None:
 
 def encode_headers(headers: Sequence[tuple[str, bytes]]) -> str:
     return json.dumps([[name, base64.b64encode(value).decode()] for name, value in headers])
+
+
+def stored_headers(headers: Sequence[tuple[str, bytes]]) -> Headers:
+    """What a row keeps of a record's headers: all but those its columns give (FROM_COLUMNS)."""
+    return [(name, value) for name, value in headers if name not in FROM_COLUMNS]
 
 
 def decode_headers(raw: str | None) -> Headers:

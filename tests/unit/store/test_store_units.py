@@ -14,7 +14,13 @@ from redrive.policy import RetryPolicy
 from redrive.store import RetryStore, StoreBackend, StoredRetry
 from redrive.store.database import database_url
 from redrive.store.notify import describe
-from redrive.store.rows import RowFilter, decode_headers, encode_headers
+from redrive.store.rows import (
+    FROM_COLUMNS,
+    RowFilter,
+    decode_headers,
+    encode_headers,
+    stored_headers,
+)
 from redrive.store.scheduler import _fields
 
 
@@ -56,6 +62,16 @@ def test_a_republished_row_carries_its_whole_history() -> None:
     parked = h.replace([], _fields(row(attempt=0, error_type=None, error_message=None,
                                        error_trace=None, first_failure_ms=None)))
     assert h.last(parked, h.ERROR_TYPE) is None and h.last(parked, h.ATTEMPT) == b"0"
+
+
+def test_a_row_stores_only_the_headers_its_columns_do_not_give() -> None:
+    assert set(_fields(row())) == FROM_COLUMNS  # each written anew when republished
+    routed = [("trace-id", b"x"), (h.ERROR_TRACE, b"tb" * 500), (h.ATTEMPT, b"2"),
+              ("redrive-custom", b"kept"), ("trace-id", b"y")]
+    assert stored_headers(routed) == [("trace-id", b"x"), ("redrive-custom", b"kept"),
+                                      ("trace-id", b"y")]
+    # Republished, the copy is the same as from the headers routing wrote.
+    assert h.replace(stored_headers(routed), _fields(row())) == h.replace(routed, _fields(row()))
 
 
 def test_a_notification_names_the_record_without_its_value() -> None:
