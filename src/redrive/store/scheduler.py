@@ -42,10 +42,11 @@ from redrive.kafka.ranges import PartitionRange, RangeReader, range_consumer
 from redrive.metrics import Metrics
 from redrive.record import Origin
 from redrive.signals import stop_on_signals
+from redrive.store.claims import DueBatch
 from redrive.store.notify import DeadHook, Notifier, Webhook
 from redrive.store.rows import StoredRetry
 from redrive.store.schema import PAYLOAD
-from redrive.store.store import DueBatch, RetryStore
+from redrive.store.store import RetryStore
 from redrive.topics import partition_for
 
 log = logging.getLogger("redrive.store.scheduler")

@@ -8,38 +8,31 @@ On SQLite every transaction starts with BEGIN IMMEDIATE: writers queue on the da
 instead of failing when a read lock would have to be upgraded, and two schedulers take turns.
 On PostgreSQL, due rows are taken with FOR UPDATE SKIP LOCKED so schedulers share them, and
 transactions that park or release records of a key hold an advisory lock on that key.
+
+RetryStore owns the connections and the transactions; the statements of each concern live
+beside it: `outcomes` (what the runtimes write and look up), `claims` (what the schedulers take),
+`keys` (records kept in order by key) and `matching` (the conditions that pick rows).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    Connection,
-    Engine,
-    and_,
-    delete,
-    func,
-    or_,
-    select,
-    text,
-    update,
-)
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, Engine, and_, delete, func, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError
-from redrive.store import schema
+from redrive.store import claims, outcomes, schema
+from redrive.store.claims import DueBatch, Unnotified
 from redrive.store.database import DEFAULT_PATH, READ_ONLY, StoreUnavailable, database_url, engine
+from redrive.store.keys import key_active, lock_keys, release_keys
+from redrive.store.matching import record_is
 from redrive.store.rows import (
     EVERY_ROW,
     Coordinates,
@@ -48,68 +41,18 @@ from redrive.store.rows import (
     RowFilter,
     StoredRetry,
     Success,
-    encode_headers,
     key_digest,
 )
-from redrive.store.schema import (
-    ACTIVE,
-    DEAD,
-    FINAL,
-    IN_FLIGHT,
-    PARKED,
-    PENDING,
-    SUCCEEDED,
-    retries,
-)
+from redrive.store.schema import ACTIVE, DEAD, FINAL, IN_FLIGHT, PENDING, retries
 
-# Records or keys looked up per statement by the bulk lookups: a poll batch's worth, with every
-# database's limit on bound parameters far away.
-LOOKUP_CHUNK = 500
 FIRST_ANALYZE_ROWS = 1_000
 LAST_ANALYZE_ROWS = 1_000_000
-_T = TypeVar("_T")
 
 
 class UnknownRetry(RedriveError, LookupError):
     def __init__(self, retry_id: int) -> None:
         self.retry_id = retry_id
         super().__init__(f"no stored retry with id={retry_id}")
-
-
-@dataclass
-class DueBatch:
-    """Due rows claimed by one scheduler: in flight, not yet dispatched (`dispatched_ms` None).
-
-    The claim is committed before the caller publishes, so the database's locks are not held
-    while the broker acknowledges. What the caller marks is written when its block ends.
-    """
-
-    rows: list[StoredRetry]
-    dispatched: list[int] = field(default_factory=list)
-    dispatched_ms: int = 0
-    dead: list[tuple[list[StoredRetry], str, str, int]] = field(default_factory=list)
-
-    def mark_in_flight(self, ids: Iterable[int], at_ms: int) -> None:
-        self.dispatched.extend(ids)
-        self.dispatched_ms = at_ms
-
-    def mark_dead(self, rows: Sequence[StoredRetry], reason: str, why: str, at_ms: int) -> None:
-        if rows:
-            self.dead.append((list(rows), reason, why, at_ms))
-
-    @property
-    def unsettled(self) -> list[int]:
-        settled = set(self.dispatched).union(r.id for rows, *_ in self.dead for r in rows)
-        return [row.id for row in self.rows if row.id not in settled]
-
-
-@dataclass
-class Unnotified:
-    rows: list[StoredRetry]
-    done: list[int] = field(default_factory=list)
-
-    def notified(self, retry_id: int) -> None:
-        self.done.append(retry_id)
 
 
 class RetryStore:
@@ -164,48 +107,14 @@ class RetryStore:
         with self._begin(read_only=True) as conn:
             return schema.current_version(conn)
 
-    # --- what the runtimes write ---------------------------------------------------------------
+    # --- what the runtimes write and look up (see outcomes) ----------------------------------
 
     def write(self, entries: Sequence[Entry], successes: Sequence[Success],
               at_ms: int | None = None) -> None:
-        """Record one batch's outcomes in one transaction.
-
-        Failures first, then successes, then the next parked record of every key whose head
-        succeeded or died is released; a parked entry whose key has nothing active by then is
-        stored as due at once instead.
-        """
-        at = now_ms() if at_ms is None else at_ms
-        parks = [e for e in entries if e.status == PARKED]
-        failures = [e for e in entries if e.status != PARKED]
-        # Built before the transaction: on SQLite it holds the database's one write lock.
-        failure_rows = [_entry_row(e, at) for e in failures]
+        """Record one batch's outcomes in one transaction (see outcomes.Outcomes.write)."""
+        batch = outcomes.Outcomes(entries, successes, now_ms() if at_ms is None else at_ms)
         with self._begin() as conn:
-            # Only keys kept in order need the lock (a success carries its key only then).
-            self._lock_keys(conn, [(e.group, e.topic, e.key) for e in entries if e.ordered]
-                            + [(s.group, s.topic, s.key) for s in successes])
-            if failures:
-                conn.execute(self._upsert(), failure_rows)
-            # A statement per partition and attempt, not one per success: under load each round
-            # trip costs milliseconds (250 updates of one row each took 0.9 s).
-            by_group: dict[str, list[Success]] = defaultdict(list)
-            for success in successes:
-                by_group[success.group].append(success)
-            for group, done in by_group.items():
-                for chunk in _chunks(done):
-                    for records in _each_attempt(chunk):
-                        conn.execute(update(retries).where(
-                            retries.c.group_id == group, records,
-                            retries.c.status.in_((PENDING, IN_FLIGHT))).values(
-                                status=SUCCEEDED, updated_ms=at))
-            _release_keys(conn, [(s.group, s.topic, s.key) for s in successes]
-                          + [(e.group, e.topic, e.key) for e in failures
-                             if e.status == DEAD and e.ordered], at)
-            for park in parks:
-                blocked = _key_active(conn, park.group, park.topic, park.key)
-                row = _entry_row(park, at)
-                if not blocked:
-                    row.update(status=PENDING, due_ms=at)
-                conn.execute(self._upsert(), [row])
+            batch.write(conn, self.dialect)
             self._keep_statistics(conn, len(entries))
 
     def _keep_statistics(self, conn: Connection, written: int) -> None:
@@ -221,83 +130,40 @@ class RetryStore:
         self._analyze_at *= 2
         conn.execute(text(f"ANALYZE {retries.name}"))
 
-    def _upsert(self) -> Any:
-        dialect_insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
-        stmt = dialect_insert(retries)
-        x = stmt.excluded
-        return stmt.on_conflict_do_update(
-            index_elements=[retries.c.group_id, retries.c.topic, retries.c.partition,
-                            retries.c.offset],
-            set_={"attempt": x.attempt, "first_failure_ms": x.first_failure_ms,
-                  "due_ms": x.due_ms, "status": x.status, "reason": x.reason,
-                  "error_type": x.error_type, "error_message": x.error_message,
-                  "error_trace": x.error_trace, "updated_ms": x.updated_ms,
-                  "notified_ms": None},
-            # Only forward: a replayed failure, or one reported after a cancel, changes nothing.
-            # (IN would expand per statement, which a many-row insert cannot do.)
-            where=(retries.c.attempt < x.attempt)
-            & or_(*(retries.c.status == status for status in ACTIVE)))
-
-    def _lock_keys(self, conn: Connection, keys: Iterable[tuple[str, str, bytes | None]]) -> None:
-        if self.dialect != "postgresql":
-            return  # SQLite transactions already run one at a time
-        # A 64-bit lock id per (group, topic, key); sorted, so two writers never wait on
-        # each other crosswise: unnest yields them in the array's order, one statement for all.
-        ids = sorted({_lock_id(g, t, k) for g, t, k in keys if k is not None})
-        if ids:
-            conn.execute(text("SELECT pg_advisory_xact_lock(lock) "
-                              "FROM unnest(CAST(:locks AS bigint[])) AS lock"), {"locks": ids})
-
     def find_record(self, group: str, topic: str, partition: int,
                     offset: int) -> StoredRetry | None:
         with self._begin(read_only=True) as conn:
             row = conn.execute(select(retries).where(
-                _record_is(group, topic, partition, offset))).first()
+                record_is(group, topic, partition, offset))).first()
         return None if row is None else StoredRetry.of(row)
 
     def key_active(self, group: str, topic: str, key: bytes) -> bool:
         """Whether a record with this key waits in the store for this group (ordering)."""
         with self._begin(read_only=True) as conn:
-            return _key_active(conn, group, topic, key)
+            return key_active(conn, group, topic, key)
 
     def record_states(self, group: str, origins: Iterable[Coordinates]
                       ) -> dict[Coordinates, RecordState]:
-        """Where the rows of many records of one group stand, in a statement per partition and
-        LOOKUP_CHUNK of them, by their (topic, partition, offset); an absent row is left out.
-        Only the two columns are read: a runtime asks this for every copy it reads back."""
+        """Where the rows of many records of one group stand, by their (topic, partition,
+        offset); an absent row is left out."""
         wanted = sorted(set(origins))
-        found: dict[Coordinates, RecordState] = {}
         if not wanted:
-            return found
-        c = retries.c
+            return {}
         with self._begin(read_only=True) as conn:
-            for chunk in _chunks(wanted):
-                for records in _each_partition(chunk):
-                    for topic, partition, offset, status, attempt in conn.execute(
-                            select(c.topic, c.partition, c.offset, c.status, c.attempt)
-                            .where(c.group_id == group, records)):
-                        found[(topic, partition, offset)] = RecordState(status, attempt)
-        return found
+            return outcomes.record_states(conn, group, wanted)
 
     def active_keys(self, group: str, keys: Iterable[tuple[str, bytes]]
                     ) -> set[tuple[str, bytes]]:
-        """`key_active` for many (topic, key) of one group, in a statement per LOOKUP_CHUNK of
-        them: those (topic, key) with a record waiting in the store."""
+        """`key_active` for many (topic, key) of one group: those with a record waiting."""
         wanted = set(keys)
         if not wanted:
             return set()
-        # Compared by digest, as key_active does: that is what the key index holds.
         digests = list({(topic, key_digest(key)) for topic, key in wanted})
-        c = retries.c
-        active: set[tuple[str, str | None]] = set()
         with self._begin(read_only=True) as conn:
-            for chunk in _chunks(digests):
-                active.update((topic, digest) for topic, digest in conn.execute(
-                    select(c.topic, c.key_digest).distinct().where(
-                        c.group_id == group, c.status.in_(ACTIVE), _any_key(chunk))))
+            active = outcomes.active_keys(conn, group, digests)
         return {(topic, key) for topic, key in wanted if (topic, key_digest(key)) in active}
 
-    # --- what the scheduler does ---------------------------------------------------------------
+    # --- what the scheduler does (see claims) ------------------------------------------------
 
     @contextmanager
     def take_due(self, limit: int, at_ms: int | None = None) -> Iterator[DueBatch]:
@@ -309,17 +175,10 @@ class RetryStore:
         older than its `claim_ms`.
         """
         at = now_ms() if at_ms is None else at_ms
-        c = retries.c
-        query = (select(retries).where(c.status == PENDING, c.due_ms <= at)
-                 .order_by(c.due_ms).limit(limit).with_for_update(skip_locked=True))
         with self._begin() as conn:
-            taken = conn.execute(query).all()
-            if taken:
-                conn.execute(update(retries).where(c.id.in_([r.id for r in taken])).values(
-                    status=IN_FLIGHT, dispatched_ms=None, updated_ms=at))
+            taken = claims.claim_due(conn, limit, at)
         # Decoded once the lock is released.
-        rows = [StoredRetry.of(r) for r in taken]
-        batch = DueBatch(rows)
+        batch = DueBatch([StoredRetry.of(r) for r in taken])
         try:
             yield batch
         except BaseException:
@@ -332,25 +191,8 @@ class RetryStore:
             self._settle(batch)
 
     def _settle(self, batch: DueBatch) -> None:
-        c = retries.c
         with self._begin() as conn:
-            if batch.dispatched:
-                at = batch.dispatched_ms
-                # A copy may already have been handled (succeeded, or failed again and
-                # pending): its row keeps that, and only learns when it was dispatched.
-                conn.execute(update(retries).where(
-                    c.id.in_(batch.dispatched), c.dispatched_ms.is_(None),
-                    c.status.in_((IN_FLIGHT, SUCCEEDED, DEAD))).values(
-                        dispatched_ms=at, dispatches=c.dispatches + 1))
-            for rows, reason, why, at in batch.dead:
-                conn.execute(update(retries).where(
-                    c.id.in_([r.id for r in rows]), c.status == IN_FLIGHT,
-                    c.dispatched_ms.is_(None)).values(
-                        status=DEAD, reason=reason, error_type="redrive.store." + reason,
-                        error_message=why, updated_ms=at))
-                _release_keys(conn, [(r.group, r.topic, r.key) for r in rows], at)
-            if batch.unsettled:
-                _unclaim(conn, batch.unsettled)
+            claims.settle(conn, batch)
 
     def _release_claims(self, batch: DueBatch) -> None:
         # Unreachable now, they come back when their claim runs out.
@@ -361,14 +203,10 @@ class RetryStore:
     def take_unnotified(self, limit: int) -> Iterator[Unnotified]:
         """Dead rows whose notification has not fired, locked until the block ends; those
         passed to `notified()` are marked when it ends."""
-        query = (select(retries).where(retries.c.status == DEAD, retries.c.notified_ms.is_(None))
-                 .order_by(retries.c.id).limit(limit).with_for_update(skip_locked=True))
         with self._begin() as conn:
-            batch = Unnotified([StoredRetry.of(r) for r in conn.execute(query)])
+            batch = claims.take_unnotified(conn, limit)
             yield batch
-            if batch.done:
-                conn.execute(update(retries).where(retries.c.id.in_(batch.done))
-                             .values(notified_ms=now_ms()))
+            claims.mark_notified(conn, batch, now_ms())
 
     def reclaim_expired(self, lease_ms: int, claim_ms: int | None = None,
                         at_ms: int | None = None) -> int:
@@ -383,26 +221,15 @@ class RetryStore:
         read before the row is marked succeeded: at least once, never lost.
         """
         at = now_ms() if at_ms is None else at_ms
-        claim = lease_ms if claim_ms is None else claim_ms
-        c = retries.c
         with self._begin() as conn:
-            result = conn.execute(update(retries).where(
-                c.status == IN_FLIGHT,
-                or_(c.dispatched_ms <= at - lease_ms,
-                    and_(c.dispatched_ms.is_(None), c.updated_ms <= at - claim)))
-                .values(status=PENDING, updated_ms=at))
-            return int(result.rowcount)
+            return claims.reclaim_expired(conn, lease_ms,
+                                          lease_ms if claim_ms is None else claim_ms, at)
 
     def release_orphans(self, at_ms: int | None = None) -> int:
         """Release the first parked record of keys with nothing else active (a safety net for
         a head removed by hand, e.g. purged); return how many were released."""
-        at = now_ms() if at_ms is None else at_ms
         with self._begin() as conn:
-            heads = conn.execute(select(retries.c.group_id, retries.c.topic, retries.c.key)
-                                 .where(retries.c.status == PARKED)
-                                 .group_by(retries.c.group_id, retries.c.topic,
-                                           retries.c.key_digest, retries.c.key)).all()
-            return _release_keys(conn, [(g, t, k) for g, t, k in heads], at)
+            return claims.release_orphans(conn, now_ms() if at_ms is None else at_ms)
 
     # --- inspection and operator actions -------------------------------------------------------
 
@@ -476,10 +303,10 @@ class RetryStore:
         with self._begin() as conn:
             keys = conn.execute(select(retries.c.group_id, retries.c.topic, retries.c.key)
                                 .where(condition)).all()
-            self._lock_keys(conn, [(g, t, k) for g, t, k in keys])
+            lock_keys(conn, self.dialect, [(g, t, k) for g, t, k in keys])
             result = conn.execute(update(retries).where(condition).values(
                 status=schema.CANCELLED, updated_ms=at))
-            _release_keys(conn, [(g, t, k) for g, t, k in keys], at)
+            release_keys(conn, [(g, t, k) for g, t, k in keys], at)
             return int(result.rowcount)
 
     def purge(self, where: RowFilter) -> int:
@@ -493,108 +320,3 @@ class RetryStore:
             result = conn.execute(delete(retries).where(where.where(at),
                                                         retries.c.status.in_(FINAL)))
             return int(result.rowcount)
-
-
-# --- helpers -------------------------------------------------------------------------------------
-
-
-def _record_is(group: str, topic: str, partition: int, offset: int) -> ColumnElement[bool]:
-    c = retries.c
-    return and_(c.group_id == group, c.topic == topic, c.partition == partition,
-                c.offset == offset)
-
-
-def _each_partition(chunk: Sequence[Coordinates]) -> Iterator[ColumnElement[bool]]:
-    """These records, as one condition per partition: `topic = t AND partition = p AND offset
-    IN (...)`, which the record index serves. ORed into one statement they are not: the planner
-    then reads every row of the group and topic (a table's whole history) and filters them."""
-    offsets: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for topic, partition, offset in chunk:
-        offsets[(topic, partition)].append(offset)
-    c = retries.c
-    for (topic, partition), listed in offsets.items():
-        yield and_(c.topic == topic, c.partition == partition, c.offset.in_(listed))
-
-
-def _each_attempt(chunk: Sequence[Success]) -> Iterator[ColumnElement[bool]]:
-    """These records at their attempt, as one condition per partition and attempt (see
-    _each_partition)."""
-    offsets: dict[tuple[str, int, int], list[int]] = defaultdict(list)
-    for success in chunk:
-        offsets[(success.topic, success.partition, success.attempt)].append(success.offset)
-    c = retries.c
-    for (topic, partition, attempt), listed in offsets.items():
-        yield and_(c.topic == topic, c.partition == partition, c.offset.in_(listed),
-                   c.attempt == attempt)
-
-
-def _any_key(chunk: Sequence[tuple[str, str | None]]) -> ColumnElement[bool]:
-    """One of these (topic, key digest): a digest list per topic, served by the key index."""
-    digests: dict[str, list[str | None]] = defaultdict(list)
-    for topic, digest in chunk:
-        digests[topic].append(digest)
-    c = retries.c
-    return or_(*(and_(c.topic == topic, c.key_digest.in_(listed))
-                 for topic, listed in digests.items()))
-
-
-def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
-    for start in range(0, len(items), LOOKUP_CHUNK):
-        yield items[start:start + LOOKUP_CHUNK]
-
-
-def _unclaim(conn: Connection, ids: Sequence[int]) -> None:
-    """Claimed rows back to pending, unless a copy of theirs was handled meanwhile."""
-    c = retries.c
-    conn.execute(update(retries).where(c.id.in_(ids), c.status == IN_FLIGHT,
-                                       c.dispatched_ms.is_(None)).values(status=PENDING))
-
-
-def _key_is(group: str, topic: str, key: bytes | None) -> ColumnElement[bool]:
-    c = retries.c
-    return and_(c.group_id == group, c.topic == topic, c.key_digest == key_digest(key))
-
-
-def _key_active(conn: Connection, group: str, topic: str, key: bytes | None, *,
-                parked: bool = True) -> bool:
-    if key is None:
-        return False
-    statuses = ACTIVE if parked else (PENDING, IN_FLIGHT)
-    return conn.execute(select(retries.c.id).where(
-        _key_is(group, topic, key), retries.c.status.in_(statuses)).limit(1)).first() is not None
-
-
-def _release_keys(conn: Connection, keys: Iterable[tuple[str, str, bytes | None]],
-                  at: int) -> int:
-    released = 0
-    for group, topic, key in {k for k in keys if k[2] is not None}:
-        if _key_active(conn, group, topic, key, parked=False):
-            continue
-        head = conn.execute(select(retries.c.id).where(
-            _key_is(group, topic, key), retries.c.status == PARKED)
-            .order_by(retries.c.partition, retries.c.offset).limit(1)).scalar()
-        if head is not None:
-            conn.execute(update(retries).where(retries.c.id == head).values(
-                status=PENDING, due_ms=at, updated_ms=at))
-            released += 1
-    return released
-
-
-def _lock_id(group: str, topic: str, key: bytes) -> int:
-    digest = hashlib.sha1(b"\0".join((group.encode(), topic.encode(), key)),
-                          usedforsecurity=False).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def _entry_row(entry: Entry, at: int) -> dict[str, Any]:
-    return {
-        "group_id": entry.group, "topic": entry.topic, "partition": entry.partition,
-        "offset": entry.offset, "timestamp_ms": entry.timestamp_ms, "key": entry.key,
-        "key_digest": key_digest(entry.key), "mode": entry.mode, "value": entry.value,
-        "headers": None if entry.headers is None else encode_headers(entry.headers),
-        "target": entry.target, "attempt": entry.attempt,
-        "first_failure_ms": entry.first_failure_ms, "due_ms": entry.due_ms,
-        "status": entry.status, "reason": entry.reason, "error_type": entry.error_type,
-        "error_message": entry.error_message, "error_trace": entry.error_trace,
-        "created_ms": at, "updated_ms": at, "dispatches": 0, "notified_ms": None,
-    }

@@ -17,8 +17,7 @@ from redrive.consumer import RetryingConsumer
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Delivery, Origin, Record
 from redrive.routing import Retry
-from redrive.store import RetryStore, StoreBackend
-from redrive.store import store as store_module
+from redrive.store import RetryStore, StoreBackend, matching
 from redrive.store.rows import RecordState, RowFilter, Success
 from redrive.store.schema import (
     CANCELLED,
@@ -89,7 +88,7 @@ def test_bulk_lookups_answer_as_the_single_ones(store: RetryStore,
         due.mark_in_flight([due.rows[0].id], now_ms())
     # Small chunks, so that the lookups below span several statements and a partition's
     # offsets are split between two of them.
-    monkeypatch.setattr(store_module, "LOOKUP_CHUNK", 5)
+    monkeypatch.setattr(matching, "LOOKUP_CHUNK", 5)
 
     origins = [(topic, p, o) for topic in (TOPIC, "elsewhere") for p in (0, 1, 2)
                for o in [*range(14), 20, 21, 30]]

@@ -23,9 +23,9 @@ from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry
+from redrive.store.claims import DueBatch
 from redrive.store.rows import RowFilter
 from redrive.store.schema import DEAD, IN_FLIGHT, PENDING, REFERENCE, SUCCEEDED
-from redrive.store.store import DueBatch
 from redrive.topics import plan
 
 from ..consumer.conftest import FAST_GROUP, produce, read_all, topic_size, wait_until

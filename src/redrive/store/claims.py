@@ -1,0 +1,118 @@
+"""What the schedulers take from the store: due rows claimed before they are published and
+settled after, claims and leases that ran out, dead rows to notify, and parked records left
+without a head."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, Row, and_, or_, select, update
+
+from redrive.store.keys import release_keys
+from redrive.store.rows import StoredRetry
+from redrive.store.schema import DEAD, IN_FLIGHT, PARKED, PENDING, SUCCEEDED, retries
+
+
+@dataclass
+class DueBatch:
+    """Due rows claimed by one scheduler: in flight, not yet dispatched (`dispatched_ms` None).
+
+    The claim is committed before the caller publishes, so the database's locks are not held
+    while the broker acknowledges. What the caller marks is written when its block ends.
+    """
+
+    rows: list[StoredRetry]
+    dispatched: list[int] = field(default_factory=list)
+    dispatched_ms: int = 0
+    dead: list[tuple[list[StoredRetry], str, str, int]] = field(default_factory=list)
+
+    def mark_in_flight(self, ids: Iterable[int], at_ms: int) -> None:
+        self.dispatched.extend(ids)
+        self.dispatched_ms = at_ms
+
+    def mark_dead(self, rows: Sequence[StoredRetry], reason: str, why: str, at_ms: int) -> None:
+        if rows:
+            self.dead.append((list(rows), reason, why, at_ms))
+
+    @property
+    def unsettled(self) -> list[int]:
+        settled = set(self.dispatched).union(r.id for rows, *_ in self.dead for r in rows)
+        return [row.id for row in self.rows if row.id not in settled]
+
+
+@dataclass
+class Unnotified:
+    rows: list[StoredRetry]
+    done: list[int] = field(default_factory=list)
+
+    def notified(self, retry_id: int) -> None:
+        self.done.append(retry_id)
+
+
+def claim_due(conn: Connection, limit: int, at: int) -> list[Row[tuple[object, ...]]]:
+    """Up to `limit` due pending rows, now claimed (in flight, not dispatched). FOR UPDATE SKIP
+    LOCKED lets schedulers on PostgreSQL share them; on SQLite they take turns."""
+    c = retries.c
+    taken = conn.execute(select(retries).where(c.status == PENDING, c.due_ms <= at)
+                         .order_by(c.due_ms).limit(limit)
+                         .with_for_update(skip_locked=True)).all()
+    if taken:
+        conn.execute(update(retries).where(c.id.in_([r.id for r in taken])).values(
+            status=IN_FLIGHT, dispatched_ms=None, updated_ms=at))
+    return list(taken)
+
+
+def settle(conn: Connection, batch: DueBatch) -> None:
+    """Write what the claimer marked, and hand back the rows it did not."""
+    c = retries.c
+    if batch.dispatched:
+        # A copy may already have been handled (succeeded, or failed again and pending): its
+        # row keeps that, and only learns when it was dispatched.
+        conn.execute(update(retries).where(
+            c.id.in_(batch.dispatched), c.dispatched_ms.is_(None),
+            c.status.in_((IN_FLIGHT, SUCCEEDED, DEAD))).values(
+                dispatched_ms=batch.dispatched_ms, dispatches=c.dispatches + 1))
+    for rows, reason, why, at in batch.dead:
+        conn.execute(update(retries).where(
+            c.id.in_([r.id for r in rows]), c.status == IN_FLIGHT,
+            c.dispatched_ms.is_(None)).values(
+                status=DEAD, reason=reason, error_type="redrive.store." + reason,
+                error_message=why, updated_ms=at))
+        release_keys(conn, [(r.group, r.topic, r.key) for r in rows], at)
+    if batch.unsettled:
+        # Back to pending, unless a copy of theirs was handled meanwhile.
+        conn.execute(update(retries).where(
+            c.id.in_(batch.unsettled), c.status == IN_FLIGHT,
+            c.dispatched_ms.is_(None)).values(status=PENDING))
+
+
+def reclaim_expired(conn: Connection, lease_ms: int, claim_ms: int, at: int) -> int:
+    """In-flight rows dispatched `lease_ms` ago or claimed `claim_ms` ago, pending again."""
+    c = retries.c
+    result = conn.execute(update(retries).where(
+        c.status == IN_FLIGHT,
+        or_(c.dispatched_ms <= at - lease_ms,
+            and_(c.dispatched_ms.is_(None), c.updated_ms <= at - claim_ms)))
+        .values(status=PENDING, updated_ms=at))
+    return int(result.rowcount)
+
+
+def take_unnotified(conn: Connection, limit: int) -> Unnotified:
+    return Unnotified([StoredRetry.of(r) for r in conn.execute(
+        select(retries).where(retries.c.status == DEAD, retries.c.notified_ms.is_(None))
+        .order_by(retries.c.id).limit(limit).with_for_update(skip_locked=True))])
+
+
+def mark_notified(conn: Connection, batch: Unnotified, at: int) -> None:
+    if batch.done:
+        conn.execute(update(retries).where(retries.c.id.in_(batch.done))
+                     .values(notified_ms=at))
+
+
+def release_orphans(conn: Connection, at: int) -> int:
+    heads = conn.execute(select(retries.c.group_id, retries.c.topic, retries.c.key)
+                         .where(retries.c.status == PARKED)
+                         .group_by(retries.c.group_id, retries.c.topic,
+                                   retries.c.key_digest, retries.c.key)).all()
+    return release_keys(conn, [(g, t, k) for g, t, k in heads], at)

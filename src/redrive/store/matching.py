@@ -1,0 +1,68 @@
+"""Conditions that pick the store's rows: records by their original coordinates and keys by their
+digest, each shaped so that an index serves it, in statements of at most LOOKUP_CHUNK items."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+from sqlalchemy import ColumnElement, and_, or_
+
+from redrive.store.rows import Coordinates, Success, key_digest
+from redrive.store.schema import retries
+
+# Records or keys looked up per statement by the bulk lookups: a poll batch's worth, with every
+# database's limit on bound parameters far away.
+LOOKUP_CHUNK = 500
+_T = TypeVar("_T")
+
+
+def record_is(group: str, topic: str, partition: int, offset: int) -> ColumnElement[bool]:
+    c = retries.c
+    return and_(c.group_id == group, c.topic == topic, c.partition == partition,
+                c.offset == offset)
+
+
+def each_partition(chunk: Sequence[Coordinates]) -> Iterator[ColumnElement[bool]]:
+    """These records, as one condition per partition: `topic = t AND partition = p AND offset
+    IN (...)`, which the record index serves. ORed into one statement they are not: the planner
+    then reads every row of the group and topic (a table's whole history) and filters them."""
+    offsets: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for topic, partition, offset in chunk:
+        offsets[(topic, partition)].append(offset)
+    c = retries.c
+    for (topic, partition), listed in offsets.items():
+        yield and_(c.topic == topic, c.partition == partition, c.offset.in_(listed))
+
+
+def each_attempt(chunk: Sequence[Success]) -> Iterator[ColumnElement[bool]]:
+    """These records at their attempt, as one condition per partition and attempt (see
+    each_partition)."""
+    offsets: dict[tuple[str, int, int], list[int]] = defaultdict(list)
+    for success in chunk:
+        offsets[(success.topic, success.partition, success.attempt)].append(success.offset)
+    c = retries.c
+    for (topic, partition, attempt), listed in offsets.items():
+        yield and_(c.topic == topic, c.partition == partition, c.offset.in_(listed),
+                   c.attempt == attempt)
+
+
+def any_key(chunk: Sequence[tuple[str, str | None]]) -> ColumnElement[bool]:
+    """One of these (topic, key digest): a digest list per topic, served by the key index."""
+    digests: dict[str, list[str | None]] = defaultdict(list)
+    for topic, digest in chunk:
+        digests[topic].append(digest)
+    c = retries.c
+    return or_(*(and_(c.topic == topic, c.key_digest.in_(listed))
+                 for topic, listed in digests.items()))
+
+
+def key_is(group: str, topic: str, key: bytes | None) -> ColumnElement[bool]:
+    c = retries.c
+    return and_(c.group_id == group, c.topic == topic, c.key_digest == key_digest(key))
+
+
+def chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
+    for start in range(0, len(items), LOOKUP_CHUNK):
+        yield items[start:start + LOOKUP_CHUNK]
