@@ -6,8 +6,6 @@ they land mid-run whatever the machine's speed.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -159,13 +157,7 @@ def broker_stop(scratch: Path, sizes: Sizes, mode: str, stopped_s: float = 30.0)
         try:
             run.worker("a").start()
             run.wait_progress(0.3)
-            pid = broker.pid
-            assert pid is not None
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                time.sleep(stopped_s)
-            finally:
-                os.kill(pid, signal.SIGCONT)
+            broker.pause(stopped_s)
             return finish(run, fault, mode, sizes)
         finally:
             run.abandon()

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 import pytest
 
 from redrive.consumer import RetryingConsumer
+from redrive.dev.brokers import DevBroker
 
 from .background import Background, Runnable, Running
 
@@ -39,3 +40,23 @@ def background() -> Iterator[Callable[[Runnable], Background]]:
 @pytest.fixture
 def running() -> Iterator[Callable[[RetryingConsumer], Running]]:
     yield from _stopped_at_end(Running)
+
+
+@pytest.fixture(scope="module")
+def module_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevBroker]:
+    """A noida-db of the module's own, which its tests may stop or kill: the session's broker
+    serves the other tests."""
+    broker = DevBroker("noida-db", data_dir=tmp_path_factory.mktemp("module-broker"))
+    broker.start(timeout_s=60)
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def own_broker(module_broker: DevBroker) -> DevBroker:
+    """The module's broker, running (a test that failed mid-outage may have left it down)."""
+    if not module_broker.running:
+        module_broker.start(timeout_s=60)
+    return module_broker

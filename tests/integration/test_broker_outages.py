@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,25 +31,6 @@ OUTAGE_S = 4.0
 # 1,000 records acknowledged 0.5 s before it, none after the restart; all of them 1 s before).
 # What a test needs to survive the kill is written this long before it.
 DURABLE_S = 1.5
-
-
-@pytest.fixture(scope="module")
-def module_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevBroker]:
-    """A noida-db this module may kill: the session's broker serves the other tests."""
-    broker = DevBroker("noida-db", data_dir=tmp_path_factory.mktemp("outage-broker"))
-    broker.start(timeout_s=60)
-    try:
-        yield broker
-    finally:
-        broker.close()
-
-
-@pytest.fixture
-def own_broker(module_broker: DevBroker) -> DevBroker:
-    """The module's broker, running (a test that failed mid-outage may have left it down)."""
-    if not module_broker.running:
-        module_broker.start(timeout_s=60)
-    return module_broker
 
 
 def check_reported_once(caplog: pytest.LogCaptureFixture, who: str) -> None:

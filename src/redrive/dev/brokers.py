@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -182,6 +183,18 @@ class DevBroker:
             process.kill()
             process.wait()
         self._forget()
+
+    def pause(self, seconds: float) -> None:
+        """SIGSTOP for `seconds`, then SIGCONT: a broker that stops answering without closing a
+        connection (a long GC pause, a frozen VM), for tests of riding out an outage."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            raise DevBrokerError(f"{self.kind} broker is not running: nothing to pause")
+        process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            process.send_signal(signal.SIGCONT)
 
     def restart(self, timeout_s: float = 30.0) -> DevBroker:
         """Stop and start again on the same port and data dir (Tansu forgets everything)."""

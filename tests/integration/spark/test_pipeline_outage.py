@@ -12,11 +12,9 @@ over (see the issue note)."""
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,17 +54,6 @@ def handle(record: dict[str, Any]) -> dict[str, Any]:
     return {"key": record["key"].decode(), "attempt": record["attempt"]}
 
 
-@pytest.fixture(scope="module")
-def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevBroker]:
-    """A noida-db this module may stop: the session's broker serves the other tests."""
-    broker = DevBroker("noida-db", data_dir=tmp_path_factory.mktemp("pipeline-outage-broker"))
-    broker.start(timeout_s=60)
-    try:
-        yield broker
-    finally:
-        broker.close()
-
-
 def produce(bootstrap: str, topic: str, numbers: range) -> dict[str, str]:
     sent = {f"k{i}": kind_of(i) for i in numbers}
     kafka.produce_confirmed(kafka.producer(bootstrap), [
@@ -81,21 +68,13 @@ def outage(broker: DevBroker, how: str) -> None:
         broker.kill()
         broker.start(timeout_s=60)
         return
-    pid = broker.pid
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        time.sleep(OUTAGE_S)
-    finally:
-        os.kill(pid, signal.SIGCONT)
+    broker.pause(OUTAGE_S)
 
 
 @pytest.mark.parametrize("how", ["stop", "kill"] if os.environ.get("BROKER_KILL_TESTS")
                          else ["stop"])
 def test_a_broker_outage_mid_stream_loses_and_repeats_nothing(
         spark: Any, own_broker: DevBroker, unique_name: Any, tmp_path: Path, how: str) -> None:
-    if not own_broker.running:
-        own_broker.start(timeout_s=60)
     bootstrap = own_broker.bootstrap
     topic = unique_name("outage")
     kafka.create_topics(kafka.admin(bootstrap), {topic: 2})
