@@ -24,7 +24,8 @@ from pyspark import cloudpickle
 from redrive import kafka
 from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, RetryPolicy
-from redrive.spark import RetryPipeline
+from redrive.spark import RetryPipeline, ledger
+from redrive.spark.outcomes import DEAD_LETTER, OK, BatchReport, Outcomes, Routed
 
 from ..background import Background
 from .test_pipeline import read_all
@@ -115,3 +116,37 @@ def test_a_broker_outage_mid_stream_loses_and_repeats_nothing(
     copies = Counter(m.key().decode() for m in read_all(bootstrap, f"{topic}.{group}.retry.1s"))
     assert copies == {k: 1 for k in flaky}
     assert pipeline.stats.early == 0
+
+
+def test_reports_the_driver_cannot_read_while_the_brokers_are_away_are_counted_after(
+        spark: Any, own_broker: DevBroker, unique_name: Any, tmp_path: Path) -> None:
+    """The driver counts the batches from the body's reports in the ledger topic. While no broker
+    answers, a look fails without stopping run(); the reports are read once the brokers answer,
+    each counted once."""
+    bootstrap = own_broker.bootstrap
+    topic, group = unique_name("reports"), unique_name("reports-g")
+    kafka.create_topics(kafka.admin(bootstrap), {topic: 1})
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, function=handle,
+                             output_schema="key string, attempt int", sink=str(tmp_path / "out"),
+                             checkpoint=str(tmp_path / "cp"))
+    report = BatchReport(7, outcomes=(Outcomes(OK, 0, topic, None, 5),),
+                         routes=(Routed(DEAD_LETTER, "not-retryable", 1, f"{topic}.dlt", 2),))
+    pipeline.ensure_topics()
+    pipeline._follower = ledger.Follower(bootstrap, ledger.ledger_topic(group))
+    try:
+        ledger.append(kafka.producer(bootstrap), ledger.ledger_topic(group),
+                      ledger.Entry(7, ledger.DONE, report={**report.to_dict(),
+                                                           "checkpoint": pipeline.checkpoint}))
+        time.sleep(DURABLE_S)
+        own_broker.kill()
+        pipeline._read_reports()  # the look times out
+        assert pipeline.health.down and pipeline.stats.batches == 0
+        own_broker.start(timeout_s=60)
+        pipeline._read_reports()
+        pipeline._read_reports()
+    finally:
+        pipeline._close_follower()
+    assert not pipeline.health.down
+    assert (pipeline.stats.batches, pipeline.stats.succeeded, pipeline.stats.dead_lettered) == \
+        (1, 5, 2)
+    assert pipeline.metrics.value("redrive_processed_total", topic=topic) == 5
