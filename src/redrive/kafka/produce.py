@@ -81,11 +81,20 @@ def delivery_failed(topic: str, partition: int | None, error: KafkaError) -> Del
 
 def producer_failed(exc: BaseException) -> bool:
     """Whether `exc`, from producing, says the producer failed for good (librdkafka's fatal
-    error, e.g. its idempotence state lost in a broker restart) and must be replaced."""
-    if isinstance(exc, DeliveryFailed):
-        return exc.fatal
-    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return isinstance(error, KafkaError) and (error.fatal() or error.code() in _FAILED)
+    error, e.g. its idempotence state lost in a broker restart) and must be replaced: it or an
+    exception it was raised from (confluent-kafka raises a delivery callback's error as a
+    SystemError caused by it)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, DeliveryFailed):
+            if seen.fatal:
+                return True
+        else:
+            error = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
+            if isinstance(error, KafkaError) and (error.fatal() or error.code() in _FAILED):
+                return True
+        seen = seen.__cause__
+    return False
 
 
 def discard_producer(producer_: Producer | None) -> None:

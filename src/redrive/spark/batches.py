@@ -87,7 +87,7 @@ class BatchBody:
         try:
             self._handle(frame, batch_id)
         except Exception as exc:
-            if not _a_producer_failed(exc):
+            if not producer_failed(exc):
                 raise
             # An idempotent producer fails for good when the broker loses its state (a broker
             # restart: OUT_OF_ORDER_SEQUENCE_NUMBER). Failing the batch would stop the query;
@@ -274,17 +274,6 @@ class BatchBody:
         if copies:
             kafka.produce_confirmed(self._producer(), copies)
         return tuple(Routed(*key, n) for key, n in counts.items())
-
-
-def _a_producer_failed(exc: BaseException) -> bool:
-    """Whether a producer's failure for good caused `exc` (confluent-kafka raises it from a
-    delivery callback as a SystemError caused by the KafkaException)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if producer_failed(seen):
-            return True
-        seen = seen.__cause__
-    return False
 
 
 def _outcomes_of(counted: list[Any], routes: tuple[Routed, ...]) -> tuple[Outcomes, ...]:

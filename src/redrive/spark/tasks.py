@@ -27,7 +27,7 @@ from redrive.routing import DeadLetter, Route, route
 from redrive.spark.gc_pause import gc_paused
 from redrive.spark.ledger import CopyKey, copy_key
 from redrive.spark.outcomes import DEAD_LETTER, FAILED, OK, RETRY, SKIPPED
-from redrive.spark.writer import cached_producer
+from redrive.spark.writer import produce_cached
 from redrive.topics import partition_for
 
 RecordFunction = Callable[[dict[str, Any]], Mapping[str, Any]]
@@ -375,7 +375,7 @@ class RouteAndProduce:
                                               decision.headers, partition)
 
         with gc_paused():
-            kafka.produce_confirmed(cached_producer(self.connection), copies(), self.timeout_s)
+            produce_cached(self.connection, copies(), self.timeout_s)
         yield pa.RecordBatch.from_pylist(
             [{"kind": kind, "reason": reason, "attempt": attempt, "topic": topic, "count": n,
               "source_topic": source, "source_attempt": source_attempt}

@@ -13,7 +13,7 @@ is at least once.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from pyspark.sql.types import (
 
 from redrive import kafka
 from redrive.errors import RedriveError
-from redrive.kafka.produce import discard_producer
+from redrive.kafka.produce import discard_producer, producer_failed
 
 # Producers cannot be pickled, and a cache in a function shipped from __main__ is rebuilt for
 # every batch. This module is imported once per Python worker, which Spark reuses across tasks
@@ -60,6 +60,23 @@ def cached_producer(connection: kafka.Connection,
         producer = kafka.producer(connection, overrides=overrides)
         _PRODUCERS[key] = producer
     return producer
+
+
+def produce_cached(connection: kafka.Connection, records: Iterable[kafka.OutRecord],
+                   timeout_s: float, overrides: Mapping[str, Any] | None = None
+                   ) -> list[kafka.Delivered]:
+    """`kafka.produce_confirmed` through this worker's cached producer. One that failed for good
+    is forgotten before the error is raised, so that the task's next attempt (Spark retries a
+    failed task) or the batch run again makes a new one: kept, it would fail them all."""
+    producer = cached_producer(connection, overrides)
+    try:
+        return kafka.produce_confirmed(producer, records, timeout_s)
+    except Exception as exc:
+        if producer_failed(exc):
+            for key in [k for k, cached in _PRODUCERS.items() if cached is producer]:
+                del _PRODUCERS[key]
+            discard_producer(producer)
+        raise
 
 
 def drop_cached_producers() -> None:
@@ -115,9 +132,8 @@ class _PartitionWriter:
     timeout_s: float
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        producer = cached_producer(self.connection, self.overrides)
-        delivered = kafka.produce_confirmed(producer, _records(batches, self.default_topic),
-                                            self.timeout_s)
+        delivered = produce_cached(self.connection, _records(batches, self.default_topic),
+                                   self.timeout_s, self.overrides)
         yield pa.RecordBatch.from_arrays([pa.array([len(delivered)], pa.int64())],
                                          names=["delivered"])
 

@@ -86,6 +86,8 @@ class Scheduler:
     on_dead: hooks called once per record that died (see `redrive.store.notify`); webhook: a URL
         that receives each as a JSON POST.
     lease_s: how long a row stays in flight, its copy unreported, before it is republished.
+        A row claimed by a scheduler that died before dispatching it comes back sooner: after
+        `claim_s`, a minute (twice timeout_s if longer) or the lease if shorter.
     """
 
     def __init__(self, store: RetryStore, connection: kafka.Connection, *,

@@ -138,3 +138,12 @@ def test_a_producer_failed_for_good_is_recognised_without_the_fatal_flag(code: i
     assert producer_failed(KafkaException(error))
     assert delivery_failed("t", 0, error).fatal
     assert not producer_failed(KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT)))
+    # confluent-kafka raises a delivery callback's error as a SystemError caused by it.
+    try:
+        try:
+            raise KafkaException(error)
+        except KafkaException as exc:
+            raise SystemError("error return without exception set") from exc
+    except SystemError as raised:
+        assert producer_failed(raised)
+    assert not producer_failed(SystemError("unrelated"))
