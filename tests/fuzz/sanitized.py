@@ -21,11 +21,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# (module, source, libraries): as pyproject.toml builds them.
+# (module, sources, libraries): as pyproject.toml builds them.
 EXTENSIONS = (
-    ("redrive.spark._fetchread", "src/redrive/spark/_fetchread.c", ()),
-    ("redrive.spark._rangeread", "src/redrive/spark/_rangeread.c", ("rdkafka",)),
-    ("redrive.consumer._plainrun", "src/redrive/consumer/_plainrun.c", ()),
+    ("redrive.spark._fetchread",
+     ("src/redrive/spark/_fetchread.c", "src/redrive/spark/_fetchconn.c"), ()),
+    ("redrive.spark._rangeread", ("src/redrive/spark/_rangeread.c",), ("rdkafka",)),
+    ("redrive.consumer._plainrun", ("src/redrive/consumer/_plainrun.c",), ()),
 )
 FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
          "-fno-sanitize-recover=undefined", "-shared", "-fPIC")
@@ -39,10 +40,10 @@ def build(into: Path) -> dict[str, Path]:
     into.mkdir(parents=True, exist_ok=True)
     include = sysconfig.get_paths()["include"]
     built = {}
-    for module, source, libraries in EXTENSIONS:
+    for module, sources, libraries in EXTENSIONS:
         target = into / (module.rsplit(".", 1)[1] + ".so")
-        command = ["gcc", *FLAGS, f"-I{include}", str(ROOT / source), "-o", str(target),
-                   *(f"-l{name}" for name in libraries)]
+        command = ["gcc", *FLAGS, f"-I{include}", *(str(ROOT / s) for s in sources), "-o",
+                   str(target), *(f"-l{name}" for name in libraries)]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             if libraries:  # optional, as in pyproject.toml: librdkafka's headers may be missing

@@ -21,7 +21,7 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
-static int buf_reserve(Buf *b, size_t more) {
+static inline int buf_reserve(Buf *b, size_t more) {
     if (b->len + more <= b->cap)
         return 0;
     size_t cap = b->cap ? b->cap : 4096;
@@ -35,7 +35,7 @@ static int buf_reserve(Buf *b, size_t more) {
     return 0;
 }
 
-static int buf_put(Buf *b, const void *src, size_t n) {
+static inline int buf_put(Buf *b, const void *src, size_t n) {
     if (buf_reserve(b, n) < 0)
         return -1;
     if (n)
@@ -50,7 +50,7 @@ typedef struct {
     int64_t rows, nulls;
 } BinCol;
 
-static int bit_put(Buf *bitmap, int64_t row, int valid) {
+static inline int bit_put(Buf *bitmap, int64_t row, int valid) {
     if (row % 8 == 0) {
         char zero = 0;
         if (buf_put(bitmap, &zero, 1) < 0)
@@ -61,7 +61,7 @@ static int bit_put(Buf *bitmap, int64_t row, int valid) {
     return 0;
 }
 
-static int bincol_put(BinCol *c, const void *src, size_t n, int valid) {
+static inline int bincol_put(BinCol *c, const void *src, size_t n, int valid) {
     if (c->rows == 0) {
         int32_t zero = 0;
         if (buf_put(&c->offsets, &zero, sizeof zero) < 0)
@@ -81,16 +81,16 @@ static int bincol_put(BinCol *c, const void *src, size_t n, int valid) {
     return 0;
 }
 
-static void buf_clear(Buf *b) { b->len = 0; }
+static inline void buf_clear(Buf *b) { b->len = 0; }
 
-static void bincol_clear(BinCol *c) {
+static inline void bincol_clear(BinCol *c) {
     buf_clear(&c->validity);
     buf_clear(&c->offsets);
     buf_clear(&c->data);
     c->rows = c->nulls = 0;
 }
 
-static void bincol_free(BinCol *c) {
+static inline void bincol_free(BinCol *c) {
     free(c->validity.data);
     free(c->offsets.data);
     free(c->data.data);
@@ -105,7 +105,7 @@ typedef struct {
     int64_t rows, header_nulls;
 } Batch;
 
-static void batch_clear(Batch *b) {
+static inline void batch_clear(Batch *b) {
     bincol_clear(&b->keys);
     bincol_clear(&b->values);
     bincol_clear(&b->header_keys);
@@ -118,7 +118,7 @@ static void batch_clear(Batch *b) {
     b->rows = b->header_nulls = 0;
 }
 
-static void batch_free(Batch *b) {
+static inline void batch_free(Batch *b) {
     bincol_free(&b->keys);
     bincol_free(&b->values);
     bincol_free(&b->header_keys);
@@ -132,7 +132,7 @@ static void batch_free(Batch *b) {
 }
 
 /* One record's own columns; its headers, if the batch has them, follow with batch_headers_*. */
-static int batch_row(Batch *b, const void *key, size_t key_len, int has_key, const void *value,
+static inline int batch_row(Batch *b, const void *key, size_t key_len, int has_key, const void *value,
                      size_t value_len, int has_value, int64_t offset, int64_t timestamp_us,
                      int32_t spark_kind) {
     if (bincol_put(&b->keys, key, key_len, has_key) < 0 ||
@@ -146,7 +146,7 @@ static int batch_row(Batch *b, const void *key, size_t key_len, int has_key, con
 
 /* Opens the current row's header list; a record without headers has a null list, as
  * confluent-kafka's headers() gives None. */
-static int batch_headers_begin(Batch *b, size_t count) {
+static inline int batch_headers_begin(Batch *b, size_t count) {
     if (b->rows == 0) {
         int32_t zero = 0;
         if (buf_put(&b->header_offsets, &zero, sizeof zero) < 0)
@@ -160,7 +160,7 @@ static int batch_headers_begin(Batch *b, size_t count) {
 
 /* The length of the UTF-8 sequence at `p` if it is a valid one, else 0; `part` gets how many
  * bytes one U+FFFD stands for (the maximal subpart, as the Unicode standard and Python count). */
-static size_t utf8_sequence(const unsigned char *p, size_t left, size_t *part) {
+static inline size_t utf8_sequence(const unsigned char *p, size_t left, size_t *part) {
     unsigned char lead = p[0], lo = 0x80, hi = 0xBF;
     size_t need;
     *part = 1;
@@ -188,7 +188,7 @@ static size_t utf8_sequence(const unsigned char *p, size_t left, size_t *part) {
 /* Puts text into a string column. Kafka's header names are UTF-8 by contract but nothing checks
  * the bytes; Arrow and Spark require valid UTF-8, so each invalid sequence becomes U+FFFD, as
  * Java's consumer (and Python's errors="replace") decodes it. */
-static int textcol_put(BinCol *c, const unsigned char *text, size_t len) {
+static inline int textcol_put(BinCol *c, const unsigned char *text, size_t len) {
     size_t at = 0, part;
     while (at < len && utf8_sequence(text + at, len - at, &part))
         at += part;
@@ -207,7 +207,7 @@ static int textcol_put(BinCol *c, const unsigned char *text, size_t len) {
     return rc;
 }
 
-static int batch_header_put(Batch *b, const char *name, size_t name_len, const void *value,
+static inline int batch_header_put(Batch *b, const char *name, size_t name_len, const void *value,
                             size_t value_len, int has_value) {
     if (textcol_put(&b->header_keys, (const unsigned char *)name, name_len) < 0 ||
         bincol_put(&b->header_values, value, value_len, has_value) < 0)
@@ -215,15 +215,15 @@ static int batch_header_put(Batch *b, const char *name, size_t name_len, const v
     return 0;
 }
 
-static int batch_headers_end(Batch *b) {
+static inline int batch_headers_end(Batch *b) {
     int32_t end = (int32_t)b->header_keys.rows;
     return buf_put(&b->header_offsets, &end, sizeof end);
 }
 
-static PyObject *bytes_of(const Buf *b) { return PyBytes_FromStringAndSize(b->data, (Py_ssize_t)b->len); }
+static inline PyObject *bytes_of(const Buf *b) { return PyBytes_FromStringAndSize(b->data, (Py_ssize_t)b->len); }
 
 /* (validity or None, offsets, data, null count) of a binary column. */
-static PyObject *bincol_tuple(const BinCol *c) {
+static inline PyObject *bincol_tuple(const BinCol *c) {
     if (c->rows == 0)
         return Py_BuildValue("(Oy#y#L)", Py_None, "\0\0\0\0", (Py_ssize_t)4, "", (Py_ssize_t)0,
                              0LL);
@@ -235,7 +235,7 @@ static PyObject *bincol_tuple(const BinCol *c) {
 }
 
 /* The batch as (rows, keys, values, offsets, timestamps, kinds, headers or None). */
-static PyObject *batch_tuple(const Batch *b, int with_headers) {
+static inline PyObject *batch_tuple(const Batch *b, int with_headers) {
     PyObject *headers;
     if (with_headers) {
         PyObject *list_validity = b->header_nulls ? bytes_of(&b->header_validity)
@@ -262,7 +262,7 @@ typedef int (*FillBatch)(void *reader, int64_t max_rows, int64_t max_bytes, char
 
 /* The body of a reader's read(max_rows, max_bytes): the next batch's buffers, None when the
  * batch came out empty, or `error` raised with fill's reason. */
-static PyObject *read_batch(void *reader, Batch *b, int with_headers, FillBatch fill,
+static inline PyObject *read_batch(void *reader, Batch *b, int with_headers, FillBatch fill,
                             PyObject *error, PyObject *args) {
     long long max_rows, max_bytes;
     if (!PyArg_ParseTuple(args, "LL", &max_rows, &max_bytes))
