@@ -1,4 +1,4 @@
-# Types of the C extension redrive.spark._fetchread (src/redrive/_fetchread.c).
+# Types of the C extension redrive.spark._fetchread (spark/_fetchread.c and _fetchconn.c).
 from redrive.spark._rangeread import BatchBuffers
 
 class ReadError(RuntimeError): ...
