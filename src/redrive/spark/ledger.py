@@ -30,6 +30,9 @@ ROUTING, DONE = "routing", "done"
 # record to the same attempt, whatever time it runs.
 CopyKey = tuple[str, int, int, int]
 _READ_IDLE_S = 10.0
+# A follower's look at the ledger's end: the driver's run() loop waits on it, and looks again
+# a moment later.
+LOOK_TIMEOUT_S = 2.0
 
 
 def ledger_topic(group: str) -> str:
@@ -90,7 +93,7 @@ class Follower:
         self.at = kafka.watermarks(self._consumer, topic, 0)[1]
 
     def new_entries(self) -> list[Entry]:
-        end = kafka.watermarks(self._consumer, self.topic, 0)[1]
+        end = kafka.watermarks(self._consumer, self.topic, 0, LOOK_TIMEOUT_S)[1]
         if end <= self.at:
             return []
         entries = list(read(self.connection, self.topic, self.at, end))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -137,11 +138,12 @@ def test_reports_the_driver_cannot_read_while_the_brokers_are_away_are_counted_a
         ledger.append(kafka.producer(bootstrap), ledger.ledger_topic(group),
                       ledger.Entry(7, ledger.DONE, report={**report.to_dict(),
                                                            "checkpoint": pipeline.checkpoint}))
-        time.sleep(DURABLE_S)
-        own_broker.kill()
+        pause = threading.Thread(target=own_broker.pause, args=(2 * ledger.LOOK_TIMEOUT_S,))
+        pause.start()
+        time.sleep(0.2)
         pipeline._read_reports()  # the look times out
         assert pipeline.health.down and pipeline.stats.batches == 0
-        own_broker.start(timeout_s=60)
+        pause.join()
         pipeline._read_reports()
         pipeline._read_reports()
     finally:
