@@ -67,8 +67,9 @@ def settle(conn: Connection, batch: DueBatch) -> None:
     """Write what the claimer marked, and hand back the rows it did not."""
     c = retries.c
     if batch.dispatched:
-        # A copy may already have been handled (succeeded, or failed again and pending): its
-        # row keeps that, and only learns when it was dispatched.
+        # A copy may already have been handled: a row that succeeded or died keeps that and
+        # only learns when it was dispatched; one that failed again waits, pending, for its
+        # next claim, which is left to mark it.
         conn.execute(update(retries).where(
             c.id.in_(batch.dispatched), c.dispatched_ms.is_(None),
             c.status.in_((IN_FLIGHT, SUCCEEDED, DEAD))).values(
