@@ -7,10 +7,10 @@ is handled record by record, in partition order:
 
 - a record whose `redrive-group` names another group is skipped and committed;
 - a record not yet due (`redrive-due` ahead of the local clock) holds its partition: the partition
-  is paused and sought back to it, the rest of the batch on that partition is dropped (it is
-  fetched again after the seek), and the partition is resumed when the record is due. `poll()`
-  keeps running meanwhile, never blocking past the next due time, so the member stays within
-  max.poll.interval.ms and other partitions go on;
+  is paused and sought back to it, the rest of the batch on that partition is dropped (fetched
+  again after the seek, or kept by the retry reader), and it is resumed when the record is due.
+  `poll()` keeps running meanwhile, never blocking past the next due time, so the member stays
+  within max.poll.interval.ms and other partitions go on;
 - the handler is called; on success the record is finished;
 - on an error the policy retries in place (Disposition.IN_PLACE), the partition is held the same
   way for the in-place backoff and the record is tried again, up to `InPlace.retries` times (see

@@ -3,7 +3,8 @@
 A partition is held when the record at its head must wait: a retry copy or a delayed record that
 is not due yet, a record waiting for its next in-place attempt, or one that would pass a
 dead-letter limit. The partition is paused and sought back to that record, so the records fetched
-behind it are dropped and fetched again after the resume; `poll()` keeps running meanwhile, so
+behind it are dropped and fetched again after the resume (the consumer runtime's retry reader
+keeps them instead: `redrive.consumer.readers`); `poll()` keeps running meanwhile, so
 the member stays in its group and the other partitions go on. The consumer runtime and the delay
 service both hold partitions here.
 

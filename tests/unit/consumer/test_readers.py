@@ -43,9 +43,13 @@ class Client:
 
 
 class Message:
-    def __init__(self, topic: str, partition: int, eof: bool = False) -> None:
+    def __init__(self, topic: str, partition: int, eof: bool = False, offset: int = -1) -> None:
         self._tp = (topic, partition)
         self._eof = eof
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
 
     def topic(self) -> str:
         return self._tp[0]
@@ -89,6 +93,64 @@ def test_a_held_retry_partition_is_unassigned_and_assigned_again_at_the_held_off
     assert reader.made[-1] == ("incremental_assign", [(RETRY, 1, 40)])
     readers.seek(TopicPartition(RETRY, 0, 3))  # a rewind of a partition being read
     assert reader.made[-1] == ("seek", [(RETRY, 0, 3)])
+
+
+def test_a_held_partition_hands_back_what_it_fetched_and_is_assigned_again_after_it() -> None:
+    readers, _, reader = started()
+    fetched: list[Any] = [Message(RETRY, 1, offset=o) for o in range(40, 45)]
+    other: Any = Message(RETRY, 0, offset=7)
+    reader.queue = [fetched[0], other, *fetched[1:]]
+    assert readers.consume_retries(10) == [fetched[0], other, *fetched[1:]]
+    # 40 was handled; 41 is not due: held there, as Holds does it (pause, then seek).
+    readers.pause([TopicPartition(RETRY, 1, 41)])
+    readers.seek(TopicPartition(RETRY, 1, 41))
+    assert reader.made[-1] == ("incremental_unassign", [(RETRY, 1, OFFSET_INVALID)])
+    reader.made.clear()
+    readers.resume([TopicPartition(RETRY, 1)])
+    assert readers.consume_retries(10) == fetched[1:]  # what it kept, without a fetch
+    # 41 was handled, 42 is not due: held again with no call to the client.
+    readers.pause([TopicPartition(RETRY, 1, 42)])
+    readers.seek(TopicPartition(RETRY, 1, 42))
+    readers.resume([TopicPartition(RETRY, 1)])
+    assert readers.consume_retries(10) == fetched[2:]
+    assert reader.made == []
+    # Handled through: assigned again after what it kept, so nothing is fetched twice.
+    reader.queue = [Message(RETRY, 1, offset=45)]
+    assert [m.offset() for m in readers.consume_retries(10)] == [45]
+    assert reader.made == [("incremental_assign", [(RETRY, 1, 45)])]
+    # Held at a record handed back by an earlier call (not in hand): nothing kept, so the
+    # partition is read again from the held offset.
+    readers.pause([TopicPartition(RETRY, 1, 43)])
+    readers.resume([TopicPartition(RETRY, 1)])
+    assert reader.made[-1] == ("incremental_assign", [(RETRY, 1, 43)])
+
+
+def test_what_a_held_partition_kept_is_dropped_when_it_is_sought_elsewhere_or_revoked() -> None:
+    readers, _, reader = started()
+    reader.queue = [Message(RETRY, 1, offset=o) for o in range(40, 44)]
+    readers.consume_retries(10)
+    readers.pause([TopicPartition(RETRY, 1, 41)])
+    readers.seek(TopicPartition(RETRY, 1, 30))  # a rewind to an earlier offset
+    readers.resume([TopicPartition(RETRY, 1)])
+    assert reader.made[-1] == ("incremental_assign", [(RETRY, 1, 30)])
+    assert readers.consume_retries(10) == []
+    reader.queue = [Message(RETRY, 1, offset=o) for o in range(30, 33)]
+    readers.consume_retries(10)
+    readers.pause([TopicPartition(RETRY, 1, 31)])
+    readers.resume([TopicPartition(RETRY, 1)])
+    readers.seek(TopicPartition(RETRY, 1, 20))  # rewound before what it kept was handed back
+    reader.made.clear()
+    assert readers.consume_retries(10) == []
+    assert readers.consume_retries(10) == []
+    assert reader.made == [("incremental_assign", [(RETRY, 1, 20)])]
+    reader.queue = [Message(RETRY, 1, offset=o) for o in range(20, 23)]
+    readers.consume_retries(10)
+    readers.pause([TopicPartition(RETRY, 1, 21)])
+    readers.resume([TopicPartition(RETRY, 1)])
+    reader.made.clear()
+    readers.revoked([TopicPartition(RETRY, 1)])
+    assert reader.made == []  # unassigned already, while it hands back what it kept
+    assert readers.consume_retries(10) == []  # what it kept went with it
 
 
 def test_the_reader_rests_once_every_partition_reported_its_end() -> None:
