@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import traceback
 from typing import Any
 
@@ -35,19 +34,6 @@ SESSION_CONF = {
 }
 
 
-class Keys:
-    """foreachBatch target (it runs in this process on a classic session): the keys per batch."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[tuple[int, int, bytes]]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, frame: Any, batch_id: int) -> None:
-        rows = frame.select("partition", "offset", "value").collect()
-        with self.lock:
-            self.batches.append([(r["partition"], r["offset"], bytes(r["value"])) for r in rows])
-
-
 def summary(rows: list[tuple[int, int, bytes]]) -> dict[str, Any]:
     return {"rows": len(rows), "distinct": len({(p, o) for p, o, _ in rows}),
             "values": sorted(v.decode() for _, _, v in rows)}
@@ -59,25 +45,6 @@ def batch(spark: Any, bootstrap: str, topic: str) -> dict[str, Any]:
     rows = [(r["partition"], r["offset"], bytes(r["value"]))
             for r in frame.select("partition", "offset", "value").collect()]
     return {**summary(rows), "count": frame.count()}
-
-
-def stream(spark: Any, bootstrap: str, topic: str, checkpoint: str,
-           max_offsets_per_trigger: int) -> dict[str, Any]:
-    keys = Keys()
-    query = (spark.readStream.format("redrive-kafka")
-             .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-             .option("startingOffsets", "earliest")
-             .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger)).load()
-             .writeStream.foreachBatch(keys).option("checkpointLocation", checkpoint)
-             .trigger(availableNow=True).start())
-    query.awaitTermination(120)
-    if query.isActive:
-        query.stop()
-        raise TimeoutError("the availableNow query did not finish within 120 s")
-    if query.exception() is not None:
-        raise RuntimeError(str(query.exception()))
-    rows = [row for rows in keys.batches for row in rows]
-    return {**summary(rows), "batch_sizes": [len(rows) for rows in keys.batches if rows]}
 
 
 def pipeline(spark: Any, bootstrap: str, topic: str, group: str, form: str, sink: str,
@@ -96,7 +63,7 @@ def pipeline(spark: Any, bootstrap: str, topic: str, group: str, form: str, sink
             "early": stats.early, "finished": stats.finished}
 
 
-JOBS = {"batch": batch, "stream": stream, "pipeline": pipeline}
+JOBS = {"batch": batch, "pipeline": pipeline}
 
 
 def main() -> int:

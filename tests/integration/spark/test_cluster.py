@@ -1,4 +1,5 @@
-"""The redrive-kafka source on a Spark standalone cluster: executors launched by a worker read.
+"""The redrive-kafka source on a Spark standalone cluster: executors launched by a worker read,
+in a batch query and in each form of the pipeline (whose streams read the same way).
 
 The session lives in cluster_runner.py's process (see conftest.py); its executors run this
 interpreter and import redrive from it.
@@ -40,17 +41,6 @@ def test_batch_read(cluster_spark: Any, bootstrap: str, new_topic: Any) -> None:
     # The reads ran in the worker's executor: one executor dir for the application.
     executors = list((cluster_spark.cluster.worker_dir / cluster_spark.app_id).iterdir())
     assert len(executors) == 1
-
-
-def test_streaming_read(cluster_spark: Any, bootstrap: str, new_topic: Any,
-                        tmp_path: Path) -> None:
-    topic = new_topic(3)
-    produce(bootstrap, topic, RECORDS)
-    result = cluster_spark.run("stream", bootstrap=bootstrap, topic=topic,
-                               checkpoint=str(tmp_path / "ck"), max_offsets_per_trigger=120)
-    assert (result["rows"], result["distinct"]) == (RECORDS, RECORDS)
-    assert result["batch_sizes"] == [120, 120, 60]
-    assert result["values"] == sorted(f"v{i}" for i in range(RECORDS))
 
 
 @pytest.mark.parametrize("form", ["transform", "function"])

@@ -39,7 +39,7 @@ RUNNER = Path(__file__).with_name("driver_runner.py")
 RECORDS = 400
 FULL = bool(os.environ.get("FULL_CRASH_TEST"))
 KILLS = 2 if FULL else 1
-BATCHES_BEFORE_KILL = 2
+BATCHES_BEFORE_KILL = 1
 FINISH_TIMEOUT_S = 240.0
 
 
