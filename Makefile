@@ -53,8 +53,10 @@ lint: .venv
 typecheck: .venv
 	$(PY) -m mypy
 
+# Two workers: one runs the Spark tests (one JVM, Connect server and cluster), the other every
+# other file meanwhile (tests/conftest.py, SparkFilesTogether). One after the other took 21 min.
 pytest: .venv tools postgres browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 unit: .venv
 	$(PY) -m pytest -q tests/unit

@@ -15,10 +15,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 from hypothesis import settings
+from xdist.scheduler import LoadFileScheduling
 
 from redrive import kafka
 from redrive.dev.brokers import DevBroker
@@ -66,6 +67,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if fixtures & TANSU_FIXTURES:
             item.add_marker(pytest.mark.tansu)
+
+
+class SparkFilesTogether(LoadFileScheduling):
+    """`--dist loadfile` (what `make test` runs on two workers), with every file under
+    tests/integration/spark/ one unit: the Spark tests run on one worker, so the session's JVM,
+    the Connect server and the standalone cluster each start once. Being the largest unit, it
+    starts first, and the other worker takes the other files one by one meanwhile."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        if nodeid.startswith("tests/integration/spark/"):
+            return "tests/integration/spark/"
+        return super()._split_scope(nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return SparkFilesTogether(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def sanitize(text: str) -> str:
