@@ -51,10 +51,21 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
                                            int(msg.offset() or 0))
         return on_delivery
 
+    topics: list[str] = []
     for index, record in enumerate(records):
         results.append(None)
+        topics.append(record.topic)
         produce(producer_, record, callback_for(index, record.topic))
-    remaining = producer_.flush(timeout_s)
+    try:
+        remaining = producer_.flush(timeout_s)
+    except SystemError as exc:
+        # A fatal error met while serving delivery reports reaches Python as a SystemError
+        # caused by it (seen after a noida-db SIGKILL and restart): said as what it is.
+        if not producer_failed(exc):
+            raise
+        raise DeliveryFailed(topics[0] if topics else "<none>", None,
+                             f"the producer failed for good: {exc.__cause__}",
+                             fatal=True) from exc
     if failures:
         raise failures[0]
     if remaining > 0 or any(result is None for result in results):
