@@ -10,7 +10,7 @@ LINT_PATHS = $(wildcard src tests bench demo)
 
 .venv: $(VENV_STAMP)
 
-$(VENV_STAMP): pyproject.toml $(wildcard src/redrive/*/*.c src/redrive/*/*.h)
+$(VENV_STAMP): pyproject.toml $(wildcard src/redrive/*.c src/redrive/*/*.c src/redrive/*/*.h)
 	@$(MAKE) --no-print-directory librdkafka
 	test -x $(PY) || $(PYTHON) -m venv .venv
 	$(PY) -m pip install -e '.[test]'

@@ -3,6 +3,10 @@
 Every value is UTF-8 text (integers in decimal, times in epoch milliseconds) so that kcat and
 other plain tools show it as it is. The dead-letter headers of other systems are read in
 `redrive.dead_letter_headers`.
+
+`read_delivery` and `replace` run for every failed record and every copy read back. Where it is
+built, redrive._headers (beside this module) does their common case in C and answers None for the
+rest, which the Python below reads and judges: it is the reference, and the fallback.
 """
 
 from __future__ import annotations
@@ -12,6 +16,11 @@ from typing import Any
 
 from redrive.errors import MalformedHeader
 from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Origin
+
+try:
+    from redrive import _headers
+except ImportError:  # not built (the extension is optional): the Python below serves
+    _headers = None  # type: ignore[assignment]
 
 Headers = list[tuple[str, bytes]]
 
@@ -119,6 +128,15 @@ def read_due(headers: Sequence[tuple[str, bytes]]) -> int | None:
 
 def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
     """Decode and validate redrive's headers into a Delivery; raises MalformedHeader."""
+    if _headers is not None:
+        delivery = _headers.read_delivery(headers)
+        if delivery is not None:
+            return delivery
+    return read_delivery_python(headers)
+
+
+def read_delivery_python(headers: Sequence[tuple[str, bytes]]) -> Delivery:
+    """read_delivery without the C extension: the reference, and its way for what C defers."""
     # One pass, the last value of each name winning: this runs for every retried record.
     found: dict[str, bytes] = {}
     for name, value in headers:
@@ -180,6 +198,16 @@ def replace(headers: Sequence[tuple[str, bytes]],
     Other headers, redrive's own not named, and any bytes they carry, are kept as they were and in
     their order; a None value removes the header, bytes are written as they are.
     """
+    if _headers is not None:
+        built = _headers.replace(headers, updates)
+        if built is not None:
+            return built
+    return replace_python(headers, updates)
+
+
+def replace_python(headers: Sequence[tuple[str, bytes]],
+                   updates: Mapping[str, str | int | bytes | None]) -> Headers:
+    """replace without the C extension: the reference, and its way for what C defers."""
     kept: Headers = [(name, value) for name, value in headers if name not in updates]
     for name, value in updates.items():
         if value is None:

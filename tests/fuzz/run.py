@@ -2,9 +2,10 @@
 
     PYTHONPATH=tests python -m fuzz.run [--inputs N] [--workers W] [--seed S]
 
-Builds the three extensions with the sanitizers, fuzzes the fetch reader's parser (`fuzz.fetchread`)
-in W processes of N inputs each, then runs the C readers' tests on the sanitized builds: the unit
-tests of the plain-record loop and of the fetch reader, and the range readers' tests against
+Builds the C extensions with the sanitizers, fuzzes the fetch reader's parser (`fuzz.fetchread`)
+in W processes of N inputs each, then runs the C code's tests on the sanitized builds: the unit
+tests of the plain-record loop, of the header contract's C (property tests against the Python
+reference) and of the fetch reader, and the range readers' tests against
 noida-db (which read through the librdkafka reader as well). A process that dies (a crash, or a
 sanitizer's report: both end it) counts as a finding, and the input it was reading is saved in
 `fuzz-findings/` to replay with `python -m fuzz.fetchread --seed S --first I --inputs 1`.
@@ -26,7 +27,8 @@ from fuzz import sanitized
 ROOT = sanitized.ROOT
 FINDINGS = ROOT / "fuzz-findings"
 # Tests that drive the C readers; the range readers' start noida-db through the suite's fixtures.
-READER_TESTS = ("tests/unit/consumer/test_plain.py", "tests/unit/spark/test_fetch_reader.py",
+READER_TESTS = ("tests/unit/consumer/test_plain.py", "tests/unit/test_headers_c.py",
+                "tests/unit/spark/test_fetch_reader.py",
                 "tests/integration/spark/test_range_readers.py")
 
 

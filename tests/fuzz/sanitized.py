@@ -1,7 +1,7 @@
 """redrive's C extensions built with AddressSanitizer and UndefinedBehaviorSanitizer, and a way to
 run Python code on them.
 
-    PYTHONPATH=tests python -m fuzz.sanitized DIR            # builds the three into DIR
+    PYTHONPATH=tests python -m fuzz.sanitized DIR            # builds them into DIR
     PYTHONPATH=tests python -m pytest -p fuzz.sanitized ...  # tests on them: REDRIVE_SANITIZED=DIR
 
 A sanitized extension needs the sanitizer runtimes loaded before Python starts (LD_PRELOAD), so
@@ -27,6 +27,7 @@ EXTENSIONS = (
      ("src/redrive/spark/_fetchread.c", "src/redrive/spark/_fetchconn.c"), ()),
     ("redrive.spark._rangeread", ("src/redrive/spark/_rangeread.c",), ("rdkafka",)),
     ("redrive.consumer._plainrun", ("src/redrive/consumer/_plainrun.c",), ()),
+    ("redrive._headers", ("src/redrive/_headers.c",), ()),
 )
 FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
          "-fno-sanitize-recover=undefined", "-shared", "-fPIC")

@@ -1,4 +1,4 @@
-# Types of the C extension redrive.consumer._plainrun (src/redrive/_plainrun.c).
+# Types of the C extension redrive.consumer._plainrun (src/redrive/consumer/_plainrun.c).
 from collections.abc import Sequence
 
 from confluent_kafka import Message

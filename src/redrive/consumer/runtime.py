@@ -437,7 +437,7 @@ class RetryingConsumer:
         headers = h.normalize(raw_headers)
         malformed: MalformedHeader | None = None
         delivery = NO_HISTORY
-        if headers and h.has_redrive(headers):
+        if headers:  # without redrive's headers read_delivery gives NO_HISTORY
             try:
                 delivery = h.read_delivery(headers)
             except MalformedHeader as exc:

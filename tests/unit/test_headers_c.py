@@ -1,0 +1,146 @@
+"""redrive._headers, the header contract's common case in C: wherever it answers, it answers what
+the Python reference (headers.read_delivery_python, headers.replace_python) answers; it answers
+for the headers redrive itself writes; and it leaves every malformed value to the reference,
+which raises the MalformedHeader naming it."""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from redrive import _headers
+from redrive import headers as h
+from redrive.errors import MalformedHeader
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Origin, new_record
+from redrive.routing import Retry, route
+
+READ = (h.ATTEMPT, h.DUE, h.ORIGINAL_PARTITION, h.ORIGINAL_OFFSET, h.ORIGINAL_TIMESTAMP,
+        h.FIRST_FAILURE, h.ORIGINAL_TOPIC, h.GROUP, h.TARGET)
+
+# Values as they come off the wire: redrive's own forms and everything a broken writer may put.
+raw_values = st.one_of(
+    st.integers(min_value=0, max_value=10**20).map(lambda n: str(n).encode()),
+    st.sampled_from([b"", b" 7", b"7 ", b"-1", b"+1", b"1e3", b"0x10", b"\xff", b"\xc3\x28",
+                     b"0" * 19, b"9" * 19, b"9" * 20, b"\xd9\xa3", "١٢".encode()]),
+    st.text(max_size=12).map(str.encode),
+    st.binary(max_size=12),
+)
+names = st.one_of(st.sampled_from((*READ, h.REASON, h.ERROR_TYPE, "redrive-", "redrive-x")),
+                  st.text(max_size=16))
+header_lists = st.lists(st.tuples(names, raw_values), max_size=14)
+
+
+def python_read(headers: list[tuple[str, bytes]]) -> Delivery | MalformedHeader:
+    try:
+        return h.read_delivery_python(headers)
+    except MalformedHeader as exc:
+        return exc
+
+
+@settings(max_examples=3000)
+@given(header_lists)
+@example([(h.ORIGINAL_TOPIC, b"orders")])  # a partial origin
+@example([(h.GROUP, b"")])
+@example([(h.ATTEMPT, b"99999999999999999999")])
+def test_c_reads_what_python_reads_or_leaves_it_to_python(
+        headers: list[tuple[str, bytes]]) -> None:
+    answer = _headers.read_delivery(headers)
+    expected = python_read(headers)
+    if answer is None:
+        return  # deferred: read_delivery takes the Python way
+    assert not isinstance(expected, MalformedHeader), (headers, answer)
+    assert answer == expected
+    assert type(answer) is Delivery
+    if answer.original is not None:
+        assert type(answer.original) is Origin
+
+
+def test_c_reads_the_headers_routing_writes() -> None:
+    policy = RetryPolicy(backoff=Backoff.fixed("100ms"), attempts=5)
+    record = new_record("orders", 3, 42, 1_700_000_000_000, b"k", b"v", [("trace-id", b"a1")],
+                        NO_HISTORY)
+    decision = route(record, ErrorInfo("ValueError", "bad ünïcode"), policy, 1_700_000_000_500,
+                     group="billing")
+    assert isinstance(decision, Retry)
+    delivery = _headers.read_delivery(decision.headers)
+    assert delivery == Delivery(attempt=1, first_failure_ms=1_700_000_000_500, group="billing",
+                                original=Origin("orders", 3, 42, 1_700_000_000_000),
+                                due_ms=1_700_000_000_600)
+    assert _headers.read_delivery([("trace-id", b"a1")]) is NO_HISTORY
+    assert _headers.read_delivery([]) is NO_HISTORY
+
+
+@pytest.mark.parametrize(("name", "raw"), [
+    (h.ATTEMPT, b"two"), (h.DUE, b"-5"), (h.FIRST_FAILURE, b"1" * 20),
+    (h.GROUP, b"\xff"), (h.TARGET, b""),
+])
+def test_a_malformed_value_is_left_to_python_which_names_it(name: str, raw: bytes) -> None:
+    headers = [(name, raw)]
+    assert _headers.read_delivery(headers) is None
+    with pytest.raises(MalformedHeader) as caught:
+        h.read_delivery(headers)
+    assert caught.value.header == name
+
+
+@pytest.mark.parametrize("headers", [
+    ((h.ATTEMPT, b"1"),),  # a tuple, not a list
+    [[h.ATTEMPT, b"1"]],  # a pair that is a list
+    [(h.ATTEMPT, bytearray(b"1"))],
+])
+def test_other_shapes_are_left_to_python(headers: Any) -> None:
+    assert _headers.read_delivery(headers) is None
+    assert h.read_delivery(headers).attempt == 1
+
+
+def test_a_pair_that_is_not_a_pair_is_left_to_python() -> None:
+    assert _headers.read_delivery([(h.ATTEMPT, b"1", b"extra")]) is None
+    assert _headers.replace([(h.ATTEMPT, b"1", b"extra")], {}) is None
+
+
+update_values = st.one_of(st.none(), st.binary(max_size=8), st.text(max_size=8),
+                          st.integers(min_value=-(2**70), max_value=2**70), st.booleans())
+
+
+@settings(max_examples=2000)
+@given(header_lists, st.dictionaries(names, update_values, max_size=8))
+def test_c_replaces_as_python_does(headers: list[tuple[str, bytes]],
+                                   updates: dict[str, Any]) -> None:
+    expected = h.replace_python(headers, updates)
+    answer = _headers.replace(headers, updates)
+    assert answer == expected
+    assert all(type(name) is str and type(value) is bytes for name, value in answer)
+
+
+def test_replace_leaves_other_shapes_to_python() -> None:
+    assert _headers.replace(((h.ATTEMPT, b"1"),), {h.ATTEMPT: 2}) is None
+    assert _headers.replace([(h.ATTEMPT, b"1")], [(h.ATTEMPT, 2)]) is None
+    assert _headers.replace([[h.ATTEMPT, b"1"]], {h.ATTEMPT: 2}) is None
+    assert h.replace(((h.ATTEMPT, b"1"), ("x", b"y")), {h.ATTEMPT: 2}) == [
+        ("x", b"y"), (h.ATTEMPT, b"2")]
+
+
+def test_calls_keep_no_memory() -> None:
+    good = [(h.ATTEMPT, b"3"), (h.ORIGINAL_TOPIC, b"orders"), (h.ORIGINAL_PARTITION, b"1"),
+            (h.ORIGINAL_OFFSET, b"9"), (h.GROUP, b"g"), (h.TARGET, b"t")]
+    deferred = [*good, (h.DUE, b"x")]
+
+    def calls() -> None:
+        for _ in range(10_000):
+            _headers.read_delivery(good)
+            _headers.read_delivery(deferred)
+            _headers.replace(good, {h.ATTEMPT: 4, h.DUE: None, h.GROUP: "other"})
+
+    calls()  # warm caches and free lists
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        calls()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 20_000  # one object kept per call would be over 300 KB
