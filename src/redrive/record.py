@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import inspect
 import linecache
-import traceback
 from dataclasses import dataclass, field, fields
 from types import CodeType
 from typing import Any
@@ -216,8 +215,10 @@ def format_trace(chain: list[BaseException]) -> str:
                          "occurred:\n\n")
         if error.__traceback__ is not None:
             parts.append("Traceback (most recent call last):\n")
-            for frame, line_number in traceback.walk_tb(error.__traceback__):
-                parts.append(_frame_text(frame.f_code, line_number))
+            entry = error.__traceback__
+            while entry is not None:  # traceback.walk_tb's walk, without its generator
+                parts.append(_frame_text(entry.tb_frame.f_code, entry.tb_lineno))
+                entry = entry.tb_next
         message = str(error)
         name = qualified_name(type(error))
         parts.append(f"{name}: {message}\n" if message else f"{name}\n")
