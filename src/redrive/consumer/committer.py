@@ -255,9 +255,9 @@ class Committer:
             return 0
         except (KafkaException, SystemError) as exc:
             # Inside a rebalance callback confluent-kafka surfaces the fatal error as a
-            # SystemError caused by it (seen after a noida-db restart).
-            failure = exc.__cause__ if isinstance(exc, SystemError) else exc
-            if not (isinstance(failure, KafkaException) and producer_failed(failure)):
+            # SystemError caused by it (seen after a noida-db restart); producer_failed looks
+            # through the causes.
+            if not producer_failed(exc):
                 raise
             head = self._pipeline.head
             if head is not None:

@@ -8,6 +8,7 @@ import gc
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from redrive import headers as h
@@ -277,6 +278,35 @@ def test_a_producer_whose_idempotence_state_the_broker_lost_is_replaced() -> Non
     fresh.deliver()
     committer.settle()
     assert consumer.commits == [{A: 5}]
+
+
+def test_a_fatal_error_raised_from_poll_as_a_system_error_replaces_the_producer() -> None:
+    # confluent-kafka raises librdkafka's fatal error from poll() inside a callback as a
+    # SystemError caused by it (seen after a noida-db restart): the oldest batch fails, is
+    # rewound, and a new producer takes over; any other SystemError is not swallowed.
+    runtime, consumer, producer = _fake_runtime({b"0-1"})
+    fresh = FakeProducer()
+    committer = runtime._require_committer()
+    committer._make_producer = lambda: fresh  # type: ignore[assignment, return-value]
+
+    def poll(timeout: float = 0) -> int:
+        try:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "fatal idempotence error",
+                                            fatal=True))
+        except KafkaException as fatal:
+            raise SystemError("callback raised") from fatal
+
+    producer.poll = poll  # type: ignore[method-assign]
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    assert producer.purged and committer._producer is fresh
+    assert consumer.seeks == [("orders", 0, 0)] and consumer.commits == []
+
+    def broken(timeout: float = 0) -> int:
+        raise SystemError("not a Kafka error")
+
+    fresh.poll = broken  # type: ignore[method-assign]
+    with pytest.raises(SystemError, match="not a Kafka error"):
+        runtime._handle_batch(_batch(0, range(0, 5)))
 
 
 def test_a_partition_that_cannot_be_sought_while_leaving_does_not_stop_the_close() -> None:
