@@ -6,7 +6,7 @@ import functools
 import inspect
 import linecache
 from dataclasses import dataclass, field, fields
-from types import CodeType
+from types import CodeType, TracebackType
 from typing import Any
 
 
@@ -215,7 +215,7 @@ def format_trace(chain: list[BaseException]) -> str:
                          "occurred:\n\n")
         if error.__traceback__ is not None:
             parts.append("Traceback (most recent call last):\n")
-            entry = error.__traceback__
+            entry: TracebackType | None = error.__traceback__
             while entry is not None:  # traceback.walk_tb's walk, without its generator
                 parts.append(_frame_text(entry.tb_frame.f_code, entry.tb_lineno))
                 entry = entry.tb_next
