@@ -227,6 +227,8 @@ class RetryingConsumer:
                                     transactions=transactions)
         self._consumer.member.subscribe(self.subscribed, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
+        # A series from the start, at 0: not only once a partition was first held.
+        self.metrics.paused_partitions(0)
         if self._metrics_port is not None:
             self.metrics.serve(self._metrics_port)
 

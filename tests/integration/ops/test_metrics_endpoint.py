@@ -68,3 +68,21 @@ def test_metrics_endpoint_of_a_running_consumer(bootstrap: str, new_topic: NewTo
     assert value("redrive_lateness_seconds_count") == 1  # the one retry, after its due time
     assert value("redrive_handler_seconds_count") >= 1  # timed on a sample of the calls
     assert value("redrive_paused_partitions") == 0
+
+
+def test_every_gauge_is_a_series_from_the_start(bootstrap: str, new_topic: NewTopic,
+                                                 unique_name: UniqueName) -> None:
+    # A scrape before any partition was held still shows the paused-partitions gauge, at 0:
+    # dashboards and alerts on it need the series, not its absence.
+    topic, group = new_topic(), unique_name("gauges")
+    port = free_port()
+    consumer = RetryingConsumer(bootstrap, topic, group,
+                                RetryPolicy(backoff=Backoff.fixed("1s"), attempts=2),
+                                lambda record: None, config=FAST_GROUP, metrics_port=port)
+    consumer.start()
+    try:
+        samples = scrape(port)
+    finally:
+        consumer.close()
+    labels = (("group", group), ("runtime", "consumer"))
+    assert samples[("redrive_paused_partitions", labels)] == 0
