@@ -190,6 +190,7 @@ class RedriveRun:
     rate_with_retries: float
     lateness_ms: list[float] = field(default_factory=list)
     early: int = 0
+    consumer_cpu_s: float = 0.0  # the CPU time of the thread that ran RetryingConsumer.run
 
 
 def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
@@ -221,7 +222,16 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
                                 policy, handler, batch_size=BATCH, config=dict(CLIENT_OVERRIDES),
                                 retry_backend=retry_backend)
     consumer.start()
-    thread = threading.Thread(target=consumer.run, daemon=True)
+    consumer_cpu = [0.0]
+
+    def run() -> None:
+        started = time.thread_time()
+        try:
+            consumer.run()
+        finally:
+            consumer_cpu[0] = time.thread_time() - started
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 600
     while not (finished := clock.main_done >= records and len(lateness) >= expected_retries):
@@ -236,7 +246,7 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
         raise RuntimeError(f"run did not finish: {clock.main_done}/{records} main records, "
                            f"{len(lateness)}/{expected_retries} retries")
     return RedriveRun(clock.rate(), clock.rate_with_retries(last_retry[0]), lateness,
-                      sum(1 for late in lateness if late < 0))
+                      sum(1 for late in lateness if late < 0), consumer_cpu[0])
 
 
 def delete_topics(bootstrap: str, names: list[str]) -> None:

@@ -7,7 +7,9 @@ trivial handler). This script runs the same loops (its `redrive_run`, trivial ha
 failures and with 5 % failing once, alternately on one topic, and divides the difference in CPU
 time, of this process (every thread: Python's and librdkafka's) and of the broker, by the number
 of failures. Both loops share the machine's cores with the broker, so a failure's broker work
-slows the consumer as well. With --json the last line is one JSON object of the medians.
+slows the consumer as well. The CPU of the thread that runs the consumer's loop is given apart:
+redrive's own work, without librdkafka's threads and the broker. With --json the last line is
+one JSON object of the medians.
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ def broker_cpu_s(pid: int) -> float:
 
 
 def measured(bootstrap: str, pid: int, topic: str, records: int,
-             fail_rate: float) -> tuple[float, float, float]:
-    """Main-topic records/s, this process's CPU s and the broker's CPU s of one run."""
+             fail_rate: float) -> tuple[float, float, float, float]:
+    """Main-topic records/s, this process's CPU s, the broker's CPU s and the consumer thread's
+    CPU s of one run."""
     client, broker = process_cpu_s(), broker_cpu_s(pid)
     run = bench.redrive_run(bootstrap, topic, records, bench.work, fail_rate)
-    return run.rate, process_cpu_s() - client, broker_cpu_s(pid) - broker
+    return run.rate, process_cpu_s() - client, broker_cpu_s(pid) - broker, run.consumer_cpu_s
 
 
 def main() -> int:
@@ -64,6 +67,7 @@ def main() -> int:
                 "failure_us": bench.failure_cost_us(clean[0], failing[0], FAIL_RATE),
                 "client_cpu_us": (failing[1] - clean[1]) / failures * 1e6,
                 "broker_cpu_us": (failing[2] - clean[2]) / failures * 1e6,
+                "thread_cpu_us": (failing[3] - clean[3]) / failures * 1e6,
             })
             time.sleep(1)  # the broker's rewrite after the run's commits, out of the next run
     finally:
@@ -73,7 +77,8 @@ def main() -> int:
           f"{args.rounds} rounds (medians; per failure)")
     for key, label in (("failure_us", "cost of one failure as P2 counts it (us)"),
                        ("client_cpu_us", "this process's CPU per failure (us)"),
-                       ("broker_cpu_us", "the broker's CPU per failure (us)")):
+                       ("broker_cpu_us", "the broker's CPU per failure (us)"),
+                       ("thread_cpu_us", "the consumer thread's CPU per failure (us)")):
         runs = " ".join(f"{row[key]:.0f}" for row in rows)
         print(f"{label:<44}{figures[key]:>8.1f}   runs {runs}")
     if args.json:
