@@ -156,11 +156,11 @@ static PyObject *read_delivery(PyObject *module, PyObject *headers)
         if (value[i] == NULL)
             goto done; /* an error, or a value headers.py must judge */
         if (i >= INTEGERS && PyUnicode_GET_LENGTH(value[i]) == 0)
-            goto defer; /* an empty name: headers.py raises for it */
+            goto done; /* an empty name: headers.py raises for it */
     }
     if (raw[TOPIC] != NULL || raw[PARTITION] != NULL || raw[OFFSET] != NULL) {
         if (raw[TOPIC] == NULL || raw[PARTITION] == NULL || raw[OFFSET] == NULL)
-            goto defer;
+            goto done; /* a partial origin: headers.py raises for it */
         PyObject *fields[4] = {value[TOPIC], value[PARTITION], value[OFFSET], value[TIMESTAMP]};
         origin = build(origin_type, origin_fields, fields, 4);
         if (origin == NULL)
@@ -173,10 +173,8 @@ static PyObject *read_delivery(PyObject *module, PyObject *headers)
     PyObject *fields[6] = {value[ATTEMPT], value[FIRST_FAILURE], value[GROUP],
                            origin != NULL ? origin : Py_None, value[DUE], value[TARGET]};
     result = build(delivery_type, delivery_fields, fields, 6);
-    goto done;
-defer:
-    result = Py_NewRef(Py_None);
 done:
+    /* No result and no error: a case headers.py reads and judges itself. */
     if (result == NULL && !PyErr_Occurred())
         result = Py_NewRef(Py_None);
     for (int i = 0; i < KNOWN; i++)
