@@ -252,14 +252,28 @@ class Readers:
         if main:
             self.member.pause(main)
         parked = [p for p in retry if (p.topic, p.partition) in self._reading]
-        if parked and self.reader is not None:
-            assigned = [TopicPartition(p.topic, p.partition) for p in parked
-                        if self._draining.pop((p.topic, p.partition), None) is None]
-            if assigned:
-                self.reader.incremental_unassign(assigned)
-            for p in parked:
-                self._parked[(p.topic, p.partition)] = p.offset
-                self._keep((p.topic, p.partition), p.offset)
+        if not parked or self.reader is None:
+            return
+        # Only a partition the reader has is unassigned (librdkafka refuses any other): one
+        # handing back what it kept, already held, or resting is unassigned already.
+        assigned = []
+        for p in parked:
+            tp = (p.topic, p.partition)
+            if self._draining.pop(tp, None) is not None:
+                # Held before its kept records were all handed back: those left go (what it
+                # keeps now is taken from the records in hand).
+                self._ready = [m for m in self._ready if (m.topic(), m.partition()) != tp]
+            elif tp in self._parked:
+                pass
+            elif self._resting is not None and tp in self._resting:
+                del self._resting[tp]  # not to be assigned when the rest is over
+            else:
+                assigned.append(TopicPartition(p.topic, p.partition))
+        if assigned:
+            self.reader.incremental_unassign(assigned)
+        for p in parked:
+            self._parked[(p.topic, p.partition)] = p.offset
+            self._keep((p.topic, p.partition), p.offset)
 
     def resume(self, partitions: list[TopicPartition]) -> None:
         main, retry = self._split(partitions)

@@ -232,3 +232,22 @@ def test_a_rewound_or_resumed_partition_rests_where_it_was_placed() -> None:
     reader.made.clear()
     readers.consume_retries(10)
     assert reader.made == [("incremental_assign", [(RETRY, 0, OFFSET_INVALID)])]
+
+
+def test_a_resting_or_held_partition_held_again_is_not_unassigned_twice() -> None:
+    # make test once ended run() so: a retry partition resting (unassigned) was held, and the
+    # reader asked librdkafka to unassign it ("Can't subtract from empty assignment").
+    readers, _, reader = started()
+    reader.positions = {(RETRY, 0): 12, (RETRY, 1): 30}
+    reader.queue = [Message(RETRY, 0, eof=True), Message(RETRY, 1, eof=True)]
+    assert readers.consume_retries(10) == []  # both rest, unassigned
+    reader.made.clear()
+    readers.pause([TopicPartition(RETRY, 0, 12)])
+    readers.seek(TopicPartition(RETRY, 0, 12))
+    readers.pause([TopicPartition(RETRY, 0, 12)])  # held again while held
+    assert reader.made == []
+    readers._wake_at = 0.0
+    readers.consume_retries(10)
+    assert reader.made == [("incremental_assign", [(RETRY, 1, 30)])]  # not the held one
+    readers.resume([TopicPartition(RETRY, 0)])
+    assert reader.made[-1] == ("incremental_assign", [(RETRY, 0, 12)])
