@@ -51,16 +51,17 @@ class Unnotified:
 
 
 def claim_due(conn: Connection, limit: int, at: int) -> list[Row[tuple[object, ...]]]:
-    """Up to `limit` due pending rows, now claimed (in flight, not dispatched). FOR UPDATE SKIP
-    LOCKED lets schedulers on PostgreSQL share them; on SQLite they take turns."""
+    """Up to `limit` due pending rows, now claimed (in flight, not dispatched), earliest due
+    first. FOR UPDATE SKIP LOCKED lets schedulers on PostgreSQL share them; on SQLite they take
+    turns. One statement: the claim was a select and an update, two round trips a pass."""
     c = retries.c
-    taken = conn.execute(select(retries).where(c.status == PENDING, c.due_ms <= at)
-                         .order_by(c.due_ms).limit(limit)
-                         .with_for_update(skip_locked=True)).all()
-    if taken:
-        conn.execute(update(retries).where(c.id.in_([r.id for r in taken])).values(
-            status=IN_FLIGHT, dispatched_ms=None, updated_ms=at))
-    return list(taken)
+    due = (select(c.id).where(c.status == PENDING, c.due_ms <= at).order_by(c.due_ms)
+           .limit(limit).with_for_update(skip_locked=True).scalar_subquery())
+    taken = conn.execute(update(retries).where(c.id.in_(due))
+                         .values(status=IN_FLIGHT, dispatched_ms=None, updated_ms=at)
+                         .returning(*c)).all()
+    # RETURNING gives no order.
+    return sorted(taken, key=lambda row: (row.due_ms, row.id))
 
 
 def settle(conn: Connection, batch: DueBatch) -> None:

@@ -130,15 +130,15 @@ class Scheduler:
         """Publish what is due now (up to batch_size rows) and deliver pending notifications."""
         published, expired, lateness = 0, 0, list[int]()
         oldest = self.store.oldest_pending_due_ms()
+        at = now_ms()
+        # How long the most overdue retry had waited past its due time when the pass began (0
+        # when none was due): asked once a pass, as the next pass asks again at once.
+        self.metrics.oldest_pending_retry(0.0 if oldest is None else max(0, at - oldest) / 1000)
         # Rows are claimed in a writing transaction only when some are due: on SQLite it takes
         # the database's one write lock, which the runtimes' batches would wait for.
-        if oldest is not None and oldest <= now_ms():
+        if oldest is not None and oldest <= at:
             with self.store.take_due(self.batch_size) as batch:
                 published, expired, lateness = self._dispatch(batch)
-            oldest = self.store.oldest_pending_due_ms()
-        # How long the most overdue retry has waited past its due time (0 when none is due).
-        self.metrics.oldest_pending_retry(0.0 if oldest is None
-                                          else max(0, now_ms() - oldest) / 1000)
         notified = self.notifier.deliver(self.store)
         return Pass(published, expired, notified, tuple(lateness))
 
