@@ -4,6 +4,7 @@ a success it reports, and the filter the CLI and queries narrow rows with."""
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import json
 from collections.abc import Sequence
@@ -41,7 +42,8 @@ def stored_headers(headers: Sequence[tuple[str, bytes]]) -> Headers:
 
 
 def decode_headers(raw: str | None) -> Headers:
-    return [(name, base64.b64decode(value)) for name, value in json.loads(raw or "[]")]
+    # binascii's own decoder: base64.b64decode's argument checks cost as much again.
+    return [(name, binascii.a2b_base64(value)) for name, value in json.loads(raw or "[]")]
 
 
 @dataclass(frozen=True)
@@ -74,17 +76,29 @@ class StoredRetry:
 
     @classmethod
     def of(cls, row: Row[Any]) -> StoredRetry:
-        m = row._mapping
-        return cls(m["id"], m["group_id"], m["topic"], m["partition"], m["offset"],
-                   m["timestamp_ms"], m["key"], m["mode"], m["value"],
-                   decode_headers(m["headers"]), m["target"], m["attempt"],
-                   m["first_failure_ms"], m["due_ms"], m["status"], m["reason"],
-                   m["error_type"], m["error_message"], m["error_trace"], m["created_ms"],
-                   m["updated_ms"], m["dispatched_ms"], m["dispatches"])
+        # By position: 23 lookups by name on the row's mapping cost the scheduler more per row
+        # (about 10 us) than the dataclass and the headers' decoding together.
+        if len(row) != _ROW_LENGTH:
+            raise ValueError(f"a stored retry is built from a whole row of {retries.name!r} "
+                             f"({_ROW_LENGTH} columns), not {len(row)}: {row._fields}")
+        values = [row[i] for i in _POSITIONS]
+        values[_HEADERS_AT] = decode_headers(values[_HEADERS_AT])
+        return cls(*values)
 
     @property
     def destination(self) -> str:
         return self.target or self.topic
+
+
+# Where each of StoredRetry's fields is in a whole row of the table (`select(retries)`, or a
+# claim's RETURNING of every column), in the fields' order.
+_COLUMNS = ("id", "group_id", "topic", "partition", "offset", "timestamp_ms", "key", "mode",
+            "value", "headers", "target", "attempt", "first_failure_ms", "due_ms", "status",
+            "reason", "error_type", "error_message", "error_trace", "created_ms", "updated_ms",
+            "dispatched_ms", "dispatches")
+_ROW_LENGTH = len(retries.columns)
+_POSITIONS = tuple(list(retries.columns.keys()).index(column) for column in _COLUMNS)
+_HEADERS_AT = _COLUMNS.index("headers")
 
 
 class RecordState(NamedTuple):

@@ -3,9 +3,11 @@ notification says, and the checks on backend and consumer settings."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from redrive import headers as h
 from redrive.consumer import RetryingConsumer
@@ -119,3 +121,24 @@ def test_the_upsert_writes_every_column_a_row_is_built_with() -> None:
                   error_message="m", error_trace="t")
     assert sorted(entry_row(entry, 7)) == sorted(WRITTEN_COLUMNS)
     assert set(WRITTEN_COLUMNS) <= {column.name for column in retries.columns}
+
+
+def test_a_stored_retry_is_read_from_its_row_by_position(tmp_path: Path) -> None:
+    store = RetryStore(tmp_path / "rows.db")
+    entry = Entry(group="g", topic="orders", partition=3, offset=41, timestamp_ms=5, key=b"k",
+                  mode="payload", value=b"v", headers=[("trace", b"\x00\xff")], target="t2",
+                  attempt=2, first_failure_ms=6, due_ms=10, status=PENDING, reason=None,
+                  error_type="E", error_message="m", error_trace="t")
+    store.write([entry], [])
+    with store._begin() as conn:
+        whole = conn.execute(select(retries)).one()
+        part = conn.execute(select(retries.c.id, retries.c.topic)).one()
+    built = StoredRetry.of(whole)
+    by_name = whole._mapping
+    for field in dataclasses.fields(StoredRetry):
+        column = "group_id" if field.name == "group" else field.name
+        expected = by_name[column] if field.name != "headers" else [("trace", b"\x00\xff")]
+        assert getattr(built, field.name) == expected, field.name
+    with pytest.raises(ValueError, match=r"whole row of 'redrive_retries'.*not 2"):
+        StoredRetry.of(part)
+    store.close()
