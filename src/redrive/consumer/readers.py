@@ -26,6 +26,7 @@ assign per record.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -33,6 +34,8 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
 
 from redrive import kafka
+
+log = logging.getLogger("redrive.consumer")
 
 # A reader whose every partition reached its end rests (its partitions unassigned) for REST_S. A
 # broker that answers an empty fetch at once instead of waiting fetch.wait.max.ms (noida-db does)
@@ -83,6 +86,7 @@ class Readers:
         # Handed is set once the records are out: not held again by the next call, the
         # partition is assigned at that offset.
         self._draining: dict[tuple[str, int], list[int]] = {}  # tp -> [offset, handed]
+        self._strays: set[tuple[str, int]] = set()  # retry partitions the member handed out
 
     @classmethod
     def open(cls, connection: kafka.Connection, group: str, config: Mapping[str, Any],
@@ -239,7 +243,36 @@ class Readers:
         self._wake_at = now + REST_S
 
     def consume(self, count: int, wait_s: float) -> list[Message]:
-        return self.member.consume(count, wait_s)
+        messages = self.member.consume(count, wait_s)
+        retry_topics = self._retry_topics
+        if retry_topics and [m for m in messages if m.topic() in retry_topics]:
+            return self._drop_strays(messages)
+        return messages
+
+    def _drop_strays(self, messages: list[Message]) -> list[Message]:
+        """Take out records of retry partitions, which the member holds paused, and pause them
+        again.
+
+        librdkafka handed the member such records once in CI: the retry reader then handed out
+        only the later half of a retry partition (test_retry_reader.py, the test of a partition
+        held at each record). A hold of a resting retry partition, which once ended run() in
+        make test, most likely had the same source. Those records are the reader's to hand out,
+        from its own position: handled from the member as well, one could be handled twice and
+        out of order. Dropped here, they are neither handled nor committed.
+        """
+        retry_topics = self._retry_topics
+        strays = {(str(m.topic()), int(m.partition()))  # type: ignore[arg-type]
+                  for m in messages if m.topic() in retry_topics and m.error() is None}
+        if not strays:
+            return messages  # only errors about retry partitions: the run loop reports them
+        new = strays - self._strays
+        if new:
+            log.warning("the group member was handed records of retry partitions it holds "
+                        "paused (%s); they are left to the retry reader and paused again",
+                        ", ".join(f"{t}[{p}]" for t, p in sorted(new)))
+            self._strays |= new
+        self.member.pause([TopicPartition(t, p) for t, p in sorted(strays)])
+        return [m for m in messages if m.topic() not in retry_topics or m.error() is not None]
 
     # --- what Holds and the Committer ask of "the consumer" ------------------------------------
 

@@ -251,3 +251,19 @@ def test_a_resting_or_held_partition_held_again_is_not_unassigned_twice() -> Non
     assert reader.made == [("incremental_assign", [(RETRY, 1, 30)])]  # not the held one
     readers.resume([TopicPartition(RETRY, 0)])
     assert reader.made[-1] == ("incremental_assign", [(RETRY, 0, 12)])
+
+
+def test_records_of_retry_partitions_handed_to_the_member_are_left_to_the_reader() -> None:
+    readers, member, _ = started()
+    member.made.clear()
+    main: list[Any] = [Message(MAIN, 0, offset=o) for o in range(3)]
+    strays: list[Any] = [Message(RETRY, 1, offset=o) for o in range(2)]
+    member.queue = [main[0], *strays, main[1], main[2]]
+    assert readers.consume(10, 0) == main
+    assert member.made == [("pause", [(RETRY, 1, OFFSET_INVALID)])]
+    failed: Any = Message(RETRY, 0, eof=True)  # an error event is the run loop's to report
+    member.queue = [main[0], failed]
+    assert readers.consume(10, 0) == [main[0], failed]
+    assert member.made == [("pause", [(RETRY, 1, OFFSET_INVALID)])]
+    member.queue = list(main)
+    assert readers.consume(10, 0) == main
