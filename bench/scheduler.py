@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from redrive import headers as h
 from redrive import kafka
 from redrive.cli.formatting import table
 from redrive.clock import now_ms
@@ -40,7 +39,7 @@ from redrive.dev.brokers import DevBroker
 from redrive.dev.postgres import DevPostgres
 from redrive.store import RetryStore
 from redrive.store.rows import Entry
-from redrive.store.scheduler import DEFAULT_BATCH, Scheduler, _fields
+from redrive.store.scheduler import DEFAULT_BATCH, Scheduler
 from redrive.store.schema import PENDING
 
 VALUE_BYTES = 100
@@ -99,11 +98,11 @@ def scheduler_run(bootstrap: str, url: str, topic: str,
         written = entries(topic, rows + DEFAULT_BATCH)
         for start in range(0, len(written), 1000):
             store.write(written[start:start + 1000], [])
-        copies = [kafka.OutRecord(topic, row.value, row.key, h.replace(row.headers,
-                                                                       _fields(row)), 0)
-                  for row in store.find(limit=rows)]
         scheduler = Scheduler(store, bootstrap)
         try:
+            # Built by the scheduler's own code, before the rows are claimed.
+            copies = [copy for row in store.find(limit=rows)
+                      if (copy := scheduler._record(row)) is not None]
             if scheduler.run_once().published != DEFAULT_BATCH:
                 raise SystemExit("the first pass did not publish a whole batch")
 
