@@ -151,6 +151,11 @@ class DelayService:
         self._producer: Producer | None = None  # at-least-once
         self._transactions: TransactionalProducer | None = None
 
+    @property
+    def assignment(self) -> frozenset[Key]:
+        """The tier partitions this instance forwards now, as (topic, partition) pairs."""
+        return frozenset(self._tiers)
+
     # --- life cycle -------------------------------------------------------------------------
 
     def stop(self) -> None:

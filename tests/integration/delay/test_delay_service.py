@@ -37,6 +37,20 @@ def check_on_time(arrivals: list[Arrival], tiers: Tiers) -> None:
     assert late == {}, f"later than {bound} ms after their due time"
 
 
+def wait_for_split(services: tuple[DelayService, ...], tiers: Tiers, partitions: int,
+                   timeout_s: float = 30.0) -> None:
+    """Wait until the services own every tier partition between them, each a share."""
+    every = {(topic, p) for topic in tiers.topics for p in range(partitions)}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shares = [service.assignment for service in services]
+        owned = [key for share in shares for key in share]
+        if all(shares) and len(owned) == len(every) and set(owned) == every:
+            return
+        assert time.monotonic() < deadline, f"no settled split after {timeout_s} s: {shares}"
+        time.sleep(0.05)
+
+
 def check_once(arrivals: list[Arrival], expected: set[bytes]) -> None:
     counts = collections.Counter(a.value for a in arrivals)
     assert {v: n for v, n in counts.items() if n > 1} == {}, "delivered more than once"
@@ -259,7 +273,9 @@ def test_two_instances_split_the_partitions_and_deliver_everything_once(
                           group_id=group)
     reader = Reader(bootstrap, target)
     with running(first), running(second):
-        time.sleep(1.0)  # the first instance's share is handed over after the second joined
+        # Lateness is bounded between rebalances: records are scheduled once the first
+        # instance has handed the second its share.
+        wait_for_split((first, second), tiers, partitions=4)
         producer = warm_producer(bootstrap, new_topic())
         values = {f"v{i}".encode() for i in range(800)}
         rng = random.Random(11)
