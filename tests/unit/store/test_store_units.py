@@ -139,6 +139,11 @@ def test_a_stored_retry_is_read_from_its_row_by_position(tmp_path: Path) -> None
         column = "group_id" if field.name == "group" else field.name
         expected = by_name[column] if field.name != "headers" else [("trace", b"\x00\xff")]
         assert getattr(built, field.name) == expected, field.name
+    # Built without its __init__, it is still the frozen dataclass a hook may compare or copy.
+    assert built == dataclasses.replace(built) == StoredRetry(
+        **{f.name: getattr(built, f.name) for f in dataclasses.fields(StoredRetry)})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.attempt = 3  # type: ignore[misc]
     with pytest.raises(ValueError, match=r"whole row of 'redrive_retries'.*not 2"):
         StoredRetry.of(part)
     store.close()
