@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from sqlalchemy import Connection, Row, and_, or_, select, update
 
 from redrive.store.keys import release_keys
+from redrive.store.matching import one_of
 from redrive.store.rows import StoredRetry
 from redrive.store.schema import DEAD, IN_FLIGHT, PARKED, PENDING, SUCCEEDED, retries
 
@@ -19,13 +21,21 @@ class DueBatch:
     """Due rows claimed by one scheduler: in flight, not yet dispatched (`dispatched_ms` None).
 
     The claim is committed before the caller publishes, so the database's locks are not held
-    while the broker acknowledges. What the caller marks is written when its block ends.
+    while the broker acknowledges. What the caller marks is written when its block ends, or,
+    deferred, by the caller later (see `defer`).
     """
 
     rows: list[StoredRetry]
     dispatched: list[int] = field(default_factory=list)
     dispatched_ms: int = 0
     dead: list[tuple[list[StoredRetry], str, str, int]] = field(default_factory=list)
+    deferred: bool = False
+
+    def defer(self) -> None:
+        """Leave the marks to the caller: it passes the batch to the next claim
+        (`RetryStore.take_due(settling=...)`), which writes them in its own transaction, or to
+        `RetryStore.settle`. Until then the rows stay claimed, as if the caller had died."""
+        self.deferred = True
 
     def mark_in_flight(self, ids: Iterable[int], at_ms: int) -> None:
         self.dispatched.extend(ids)
@@ -61,23 +71,27 @@ def claim_due(conn: Connection, limit: int, at: int) -> list[Row[tuple[object, .
                          .values(status=IN_FLIGHT, dispatched_ms=None, updated_ms=at)
                          .returning(*c)).all()
     # RETURNING gives no order.
-    return sorted(taken, key=lambda row: (row.due_ms, row.id))
+    return sorted(taken, key=_DUE_ORDER)
+
+
+# A row's (due_ms, id) by position: a Row's lookup by name costs more than the sort.
+_DUE_ORDER = itemgetter(*(list(retries.columns.keys()).index(name) for name in ("due_ms", "id")))
 
 
 def settle(conn: Connection, batch: DueBatch) -> None:
     """Write what the claimer marked, and hand back the rows it did not."""
-    c = retries.c
+    c, dialect = retries.c, conn.dialect.name
     if batch.dispatched:
         # A copy may already have been handled: a row that succeeded or died keeps that and
         # only learns when it was dispatched; one that failed again waits, pending, for its
         # next claim, which is left to mark it.
         conn.execute(update(retries).where(
-            c.id.in_(batch.dispatched), c.dispatched_ms.is_(None),
+            one_of(c.id, batch.dispatched, dialect), c.dispatched_ms.is_(None),
             c.status.in_((IN_FLIGHT, SUCCEEDED, DEAD))).values(
                 dispatched_ms=batch.dispatched_ms, dispatches=c.dispatches + 1))
     for rows, reason, why, at in batch.dead:
         conn.execute(update(retries).where(
-            c.id.in_([r.id for r in rows]), c.status == IN_FLIGHT,
+            one_of(c.id, [r.id for r in rows], dialect), c.status == IN_FLIGHT,
             c.dispatched_ms.is_(None)).values(
                 status=DEAD, reason=reason, error_type="redrive.store." + reason,
                 error_message=why, updated_ms=at))
@@ -85,7 +99,7 @@ def settle(conn: Connection, batch: DueBatch) -> None:
     if batch.unsettled:
         # Back to pending, unless a copy of theirs was handled meanwhile.
         conn.execute(update(retries).where(
-            c.id.in_(batch.unsettled), c.status == IN_FLIGHT,
+            one_of(c.id, batch.unsettled, dialect), c.status == IN_FLIGHT,
             c.dispatched_ms.is_(None)).values(status=PENDING))
 
 
@@ -108,7 +122,7 @@ def take_unnotified(conn: Connection, limit: int) -> Unnotified:
 
 def mark_notified(conn: Connection, batch: Unnotified, at: int) -> None:
     if batch.done:
-        conn.execute(update(retries).where(retries.c.id.in_(batch.done))
+        conn.execute(update(retries).where(one_of(retries.c.id, batch.done, conn.dialect.name))
                      .values(notified_ms=at))
 
 

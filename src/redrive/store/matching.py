@@ -7,7 +7,8 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
-from sqlalchemy import ColumnElement, and_, or_
+from sqlalchemy import ColumnElement, and_, any_, bindparam, or_
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from redrive.store.rows import Coordinates, Success, key_digest
 from redrive.store.schema import retries
@@ -18,13 +19,24 @@ LOOKUP_CHUNK = 500
 _T = TypeVar("_T")
 
 
+def one_of(column: ColumnElement[_T], values: Sequence[_T], dialect: str
+           ) -> ColumnElement[bool]:
+    """`column IN values`. On PostgreSQL as one array parameter: SQLAlchemy and psycopg turn a
+    list into a parameter each, at 12-15 us a value against 4-5 for the array, at every
+    scheduler pass (500 ids) and every lookup of a poll batch's copies."""
+    if dialect == "postgresql":
+        return column == any_(bindparam(None, list(values), type_=ARRAY(column.type)))
+    return column.in_(values)
+
+
 def record_is(group: str, topic: str, partition: int, offset: int) -> ColumnElement[bool]:
     c = retries.c
     return and_(c.group_id == group, c.topic == topic, c.partition == partition,
                 c.offset == offset)
 
 
-def each_partition(chunk: Sequence[Coordinates]) -> Iterator[ColumnElement[bool]]:
+def each_partition(chunk: Sequence[Coordinates], dialect: str
+                   ) -> Iterator[ColumnElement[bool]]:
     """These records, as one condition per partition: `topic = t AND partition = p AND offset
     IN (...)`, which the record index serves. ORed into one statement they are not: the planner
     then reads every row of the group and topic (a table's whole history) and filters them."""
@@ -33,10 +45,11 @@ def each_partition(chunk: Sequence[Coordinates]) -> Iterator[ColumnElement[bool]
         offsets[(topic, partition)].append(offset)
     c = retries.c
     for (topic, partition), listed in offsets.items():
-        yield and_(c.topic == topic, c.partition == partition, c.offset.in_(listed))
+        yield and_(c.topic == topic, c.partition == partition,
+                   one_of(c.offset, listed, dialect))
 
 
-def each_attempt(chunk: Sequence[Success]) -> Iterator[ColumnElement[bool]]:
+def each_attempt(chunk: Sequence[Success], dialect: str) -> Iterator[ColumnElement[bool]]:
     """These records at their attempt, as one condition per partition and attempt (see
     each_partition)."""
     offsets: dict[tuple[str, int, int], list[int]] = defaultdict(list)
@@ -44,8 +57,8 @@ def each_attempt(chunk: Sequence[Success]) -> Iterator[ColumnElement[bool]]:
         offsets[(success.topic, success.partition, success.attempt)].append(success.offset)
     c = retries.c
     for (topic, partition, attempt), listed in offsets.items():
-        yield and_(c.topic == topic, c.partition == partition, c.offset.in_(listed),
-                   c.attempt == attempt)
+        yield and_(c.topic == topic, c.partition == partition,
+                   one_of(c.offset, listed, dialect), c.attempt == attempt)
 
 
 def any_key(chunk: Sequence[tuple[str, str | None]]) -> ColumnElement[bool]:

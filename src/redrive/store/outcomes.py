@@ -45,7 +45,7 @@ class Outcomes:
             by_group[success.group].append(success)
         for group, done in by_group.items():
             for chunk in chunks(done):
-                for records in each_attempt(chunk):
+                for records in each_attempt(chunk, dialect):
                     conn.execute(update(retries).where(
                         retries.c.group_id == group, records,
                         retries.c.status.in_((PENDING, IN_FLIGHT))).values(
@@ -119,7 +119,7 @@ def record_states(conn: Connection, group: str,
     found: dict[Coordinates, RecordState] = {}
     c = retries.c
     for chunk in chunks(wanted):
-        for records in each_partition(chunk):
+        for records in each_partition(chunk, conn.dialect.name):
             for topic, partition, offset, status, attempt in conn.execute(
                     select(c.topic, c.partition, c.offset, c.status, c.attempt)
                     .where(c.group_id == group, records)):

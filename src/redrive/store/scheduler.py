@@ -5,7 +5,8 @@ share the work; the database lock on SQLite, so they take turns) and commits the
 the rows are in flight, not yet dispatched. Then it builds each record (from the row in payload
 mode, read back from Kafka by assign + seek in reference mode), produces them with delivery
 confirmation, and marks them dispatched. No database lock is held while the broker acknowledges,
-so the runtimes' writes never wait for it.
+so the runtimes' writes never wait for it. A pass that took a whole batch leaves its marks to the
+next pass, which follows at once and writes them in its claim's transaction.
 
 A scheduler that dies after claiming leaves its rows claimed: any scheduler makes them pending
 again once the claim is `claim_s` old (a minute, or the lease if shorter), and republishes them.
@@ -43,6 +44,7 @@ from redrive.metrics import Metrics
 from redrive.record import Origin
 from redrive.signals import stop_on_signals
 from redrive.store.claims import DueBatch
+from redrive.store.database import StoreUnavailable
 from redrive.store.notify import DeadHook, Notifier, Webhook
 from redrive.store.rows import StoredRetry
 from redrive.store.schema import PAYLOAD
@@ -122,6 +124,7 @@ class Scheduler:
         self._reader: Consumer | None = None
         self._admin: kafka.Admin | None = None
         self._partitions: dict[str, int] = {}
+        self._unsettled: DueBatch | None = None  # a whole pass's marks, left to the next claim
         self._stopping = threading.Event()
 
     # --- one pass ------------------------------------------------------------------------------
@@ -137,10 +140,24 @@ class Scheduler:
         # Rows are claimed in a writing transaction only when some are due: on SQLite it takes
         # the database's one write lock, which the runtimes' batches would wait for.
         if oldest is not None and oldest <= at:
-            with self.store.take_due(self.batch_size) as batch:
+            with self.store.take_due(self.batch_size, settling=self._unsettled) as batch:
+                self._unsettled = None
                 published, expired, lateness = self._dispatch(batch)
+                if len(batch.rows) == self.batch_size:
+                    # More are likely due and the next pass follows at once: its claim writes
+                    # this one's marks in the same transaction, one commit a pass instead of
+                    # two. Should this process die first, the rows come back after their claim.
+                    batch.defer()
+                    self._unsettled = batch
+        else:
+            self._settle()
         notified = self.notifier.deliver(self.store)
         return Pass(published, expired, notified, tuple(lateness))
+
+    def _settle(self) -> None:
+        if self._unsettled is not None:
+            self.store.settle(self._unsettled)
+            self._unsettled = None
 
     def reclaim(self) -> int:
         """Make pending again the rows whose lease ran out (see the module's doc); return how
@@ -297,6 +314,10 @@ class Scheduler:
 
     def close(self) -> None:
         self._stopping.set()
+        try:
+            self._settle()
+        except StoreUnavailable as exc:
+            log.warning("the last pass's rows stay claimed until their claim runs out (%s)", exc)
         if self._producer is not None:
             self._producer.flush(self.timeout_s)
             self._producer = None

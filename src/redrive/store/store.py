@@ -166,16 +166,20 @@ class RetryStore:
     # --- what the scheduler does (see claims) ------------------------------------------------
 
     @contextmanager
-    def take_due(self, limit: int, at_ms: int | None = None) -> Iterator[DueBatch]:
+    def take_due(self, limit: int, at_ms: int | None = None, *,
+                 settling: DueBatch | None = None) -> Iterator[DueBatch]:
         """Claim up to `limit` due pending rows for the caller (see DueBatch).
 
         When the block ends, what it marked is written in one transaction, and the rows it did
-        not mark are made pending again (if it raised, also those it meant to mark dead). If
-        the process dies instead, they stay claimed until `reclaim_expired` finds their claim
-        older than its `claim_ms`.
+        not mark are made pending again (if it raised, also those it meant to mark dead),
+        unless it deferred the batch: then `settling`, given to a later claim, writes them in
+        that claim's transaction. If the process dies instead, they stay claimed until
+        `reclaim_expired` finds their claim older than its `claim_ms`.
         """
         at = now_ms() if at_ms is None else at_ms
         with self._begin() as conn:
+            if settling is not None:
+                claims.settle(conn, settling)
             taken = claims.claim_due(conn, limit, at)
         # Decoded once the lock is released.
         batch = DueBatch([StoredRetry.of(r) for r in taken])
@@ -187,17 +191,19 @@ class RetryStore:
             batch.dead.clear()
             self._release_claims(batch)
             raise
-        if batch.dispatched or batch.dead or batch.unsettled:
-            self._settle(batch)
+        if not batch.deferred:
+            self.settle(batch)
 
-    def _settle(self, batch: DueBatch) -> None:
-        with self._begin() as conn:
-            claims.settle(conn, batch)
+    def settle(self, batch: DueBatch) -> None:
+        """Write what the claimer of `batch` marked, and hand back the rows it did not."""
+        if batch.dispatched or batch.dead or batch.unsettled:
+            with self._begin() as conn:
+                claims.settle(conn, batch)
 
     def _release_claims(self, batch: DueBatch) -> None:
         # Unreachable now, they come back when their claim runs out.
         with suppress(StoreUnavailable):
-            self._settle(batch)
+            self.settle(batch)
 
     @contextmanager
     def take_unnotified(self, limit: int) -> Iterator[Unnotified]:

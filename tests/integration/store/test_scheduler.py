@@ -22,7 +22,7 @@ from redrive.consumer import RetryingConsumer
 from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
-from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry
+from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry, StoreUnavailable, claims
 from redrive.store.claims import DueBatch
 from redrive.store.rows import RowFilter
 from redrive.store.schema import DEAD, IN_FLIGHT, PENDING, REFERENCE, SUCCEEDED
@@ -171,7 +171,7 @@ def test_a_scheduler_killed_after_publishing_leaves_claims_whose_copies_are_hand
         raise Crash("killed after the broker acknowledged, before the rows were marked")
 
     with monkeypatch.context() as patch:
-        patch.setattr(RetryStore, "_settle", killed)
+        patch.setattr(RetryStore, "settle", killed)
         with pytest.raises(Crash):
             scheduler(store, bootstrap).run_once()
     # Claimed, never marked dispatched: no other pass takes them while the claim lasts.
@@ -236,6 +236,55 @@ def test_a_pass_that_fails_hands_its_claims_back_at_once(
             scheduler(store, bootstrap).run_once()
     assert store.counts() == {PENDING: 3}
     assert scheduler(store, bootstrap).run_once().published == 3
+
+
+def test_a_whole_batch_is_marked_dispatched_with_the_next_claim(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    topic, group = new_topic(), unique_name("deferred")
+    store.write([entry(group, topic, o, due_ms=now_ms() - 1) for o in range(5)], [])
+    writes: list[bool] = []
+    begin = RetryStore._begin
+
+    def counted(self: RetryStore, *, read_only: bool = False) -> Any:
+        writes.append(not read_only)
+        return begin(self, read_only=read_only)
+    monkeypatch.setattr(RetryStore, "_begin", counted)
+
+    def dispatched() -> dict[int, int]:
+        return {r.offset: r.dispatches for r in store.find() if r.dispatched_ms is not None}
+
+    runner = scheduler(store, bootstrap, batch_size=2)
+    assert runner.run_once().published == 2
+    assert dispatched() == {}  # a whole batch: its marks wait for the next claim
+    assert store.counts() == {IN_FLIGHT: 2, PENDING: 3}
+    writes.clear()
+    assert runner.run_once().published == 2
+    assert writes == [False, True]  # the oldest due time, then one claim that also marks
+    assert dispatched() == {0: 1, 1: 1}
+
+    def down(*args: Any, **kwargs: Any) -> None:
+        raise StoreUnavailable("test", "the database went away")
+
+    # The claim that was to write them fails: its transaction, marks included, is rolled back,
+    # and the next pass writes them.
+    with monkeypatch.context() as patch:
+        patch.setattr(claims, "claim_due", down)
+        with pytest.raises(StoreUnavailable):
+            runner.run_once()
+    assert dispatched() == {0: 1, 1: 1}
+    assert runner.run_once().published == 1  # less than a batch: marked at once
+    assert dispatched() == {o: 1 for o in range(5)}
+    assert store.counts() == {IN_FLIGHT: 5}
+
+    # A whole batch still unmarked when the scheduler closes is marked then.
+    store.write([entry(group, topic, o, due_ms=now_ms() - 1) for o in (5, 6)], [])
+    assert runner.run_once().published == 2
+    assert set(dispatched()) == set(range(5))
+    runner.close()
+    assert dispatched() == {o: 1 for o in range(7)}
+    copies = read_all(bootstrap, topic, expect=7, timeout_s=30)
+    assert sorted(int(c.header(h.ORIGINAL_OFFSET) or -1) for c in copies) == list(range(7))
 
 
 def test_a_reference_gone_by_retention_dies_as_expired_and_is_notified(
