@@ -55,7 +55,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -279,6 +279,7 @@ class PipelineRun:
     batches: int
     routed: int
     broker_cpu_s: float | None  # the broker's CPU time during the run
+    steps_s: Mapping[str, float]  # the batches' steps, summed (PipelineStats.step_seconds)
 
     @property
     def rate(self) -> float:
@@ -347,7 +348,7 @@ class Bench:
         self.drop_topics(pipeline)
         return PipelineRun(records, done[0] - started, first_at - started, first_seen,
                            len([at for at in marks if at[0] <= done[0]]), stats.retried,
-                           broker_cpu)
+                           broker_cpu, dict(stats.step_seconds))
 
     def drop_topics(self, pipeline: RetryPipeline) -> None:
         """Delete a finished run's retry and dead-letter topics: noida-db's rewrites after each
@@ -610,8 +611,19 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
             "connect_runs": [round(r.rate / c.rate, 3) for r, c in zip(remote, frames,
                                                                         strict=True)],
             "frame_routed_records": frames[0].routed,
+            "frame_wall_s": median([r.wall_s for r in frames]),
+            "frame_steps_s": median_steps(frames),
+            "connect_wall_s": median([r.wall_s for r in remote]),
+            "connect_steps_s": median_steps(remote),
         })
     return figures
+
+
+def median_steps(runs: Sequence[PipelineRun]) -> dict[str, float]:
+    """Each batch step's median over the runs (seconds a run spent in it)."""
+    names = sorted({name for run in runs for name in run.steps_s})
+    return {name: round(median([run.steps_s.get(name, 0.0) for run in runs]), 2)
+            for name in names}
 
 
 def measure_connect(bench: Bench, workdir: Path, fail_per_10k: int, runs: int,
@@ -697,6 +709,14 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
             f"pipeline fixed cost per query (start + one {FIXED_COST_RECORDS:,}-record batch): "
             f"{figures['pipeline_fixed_cost_s']:.1f} s",
         ]
+    for form, prefix in (("classic", "frame"), ("Spark Connect", "connect")):
+        if f"{prefix}_steps_s" in figures:
+            steps = figures[f"{prefix}_steps_s"]
+            wall = figures[f"{prefix}_wall_s"]
+            lines.append(
+                f"DataFrame form on {form}: a run's {wall:.1f} s = "
+                + " + ".join(f"{name} {seconds:.1f}" for name, seconds in steps.items())
+                + f" + outside the batch body {wall - sum(steps.values()):.1f} (medians, s)")
     runs = [f"{name} {figures[key]}" for name, key in
             (("P5", "p5_runs"), ("P5c", "p5c_runs"), ("P6", "p6_runs"), ("P8", "p8_runs"),
              ("connect", "connect_runs")) if key in figures]

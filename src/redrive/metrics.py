@@ -15,7 +15,7 @@ from itertools import accumulate
 from threading import Lock
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import HistogramMetricFamily, Sample
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -25,6 +25,7 @@ SKIPPED_OTHER_GROUP = "other-group"
 
 _LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _HANDLER_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30)
+_STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 # prometheus_client keeps its switch for `_created` samples (PROMETHEUS_DISABLE_CREATED_SERIES,
 # disable_created_metrics()) private: one of its own metrics tells whether it is on.
@@ -127,6 +128,9 @@ class Metrics:
                                     self._labels(), _LATENESS_BUCKETS, self.registry)
         self._handler = _Histogram("redrive_handler_seconds", "Time spent in the user's handler",
                                    self._labels(), _HANDLER_BUCKETS, self.registry)
+        self._steps = Histogram("redrive_batch_step_seconds",
+                                "Wall time of each step of a Spark pipeline's micro-batch",
+                                [*base, "step"], buckets=_STEP_BUCKETS, registry=self.registry)
         self._paused = Gauge("redrive_paused_partitions", "Partitions paused until a record is due",
                              base, registry=self.registry)
         self._braked = Gauge("redrive_braked_partitions",
@@ -199,6 +203,9 @@ class Metrics:
         """
         if samples:  # most poll batches: no record in them was timed
             self._handler.observe_all(samples)
+
+    def batch_step_took(self, step: str, seconds: float) -> None:
+        self._child(self._steps, step).observe(seconds)
 
     def paused_partitions(self, count: int) -> None:
         self._child(self._paused).set(count)

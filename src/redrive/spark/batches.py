@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from types import ModuleType
 from typing import Any
@@ -41,6 +41,7 @@ from redrive.spark.outcomes import (
     BatchReport,
     Outcomes,
     Routed,
+    StepClock,
 )
 from redrive.spark.sql import functions
 from redrive.spark.writer import cached_producer, drop_cached_producers
@@ -99,7 +100,9 @@ class BatchBody:
             self._handle(frame, batch_id)
 
     def _handle(self, frame: Any, batch_id: int) -> None:
+        clock = StepClock()
         previous = ledger.last(self.connection, self.ledger_topic)
+        clock.done("ledger")
         if previous is not None and previous.report.get("checkpoint") != self.checkpoint:
             previous = None  # another query's batches (a new checkpoint starts at 0 again)
         if previous is not None and previous.batch == batch_id and previous.state == ledger.DONE:
@@ -110,17 +113,21 @@ class BatchBody:
         if self.backend is not None:
             frame = frame.persist()
             try:
-                report = self._functions(frame, batch_id, self._admit(frame), None)
+                skip = self._admit(frame)
+                clock.done("admit")
+                report = self._functions(frame, batch_id, skip, None, clock)
                 self.backend.flush()  # outcomes stored before Spark commits the batch
+                clock.done("store")
             except BaseException:
                 self.backend.discard()
                 raise
             finally:
                 frame.unpersist()
         elif self.transform is not None:
-            report = self._transformed(frame, batch_id, resumed)
+            report = self._transformed(frame, batch_id, resumed, clock)
         else:
-            report = self._functions(frame, batch_id, {}, resumed)
+            report = self._functions(frame, batch_id, {}, resumed, clock)
+        report = replace(report, steps=tuple(clock.steps))
         data = {**report.to_dict(), "checkpoint": self.checkpoint}
         ledger.append(self._producer(), self.ledger_topic, ledger.Entry(batch_id, ledger.DONE,
                                                                          report=data))
@@ -131,23 +138,28 @@ class BatchBody:
     # --- the per-record and pandas forms -------------------------------------------------------
 
     def _functions(self, frame: Any, batch_id: int, skip: dict[tasks.Coordinates, str],
-                   resumed: ledger.Entry | None) -> BatchReport:
+                   resumed: ledger.Entry | None, clock: StepClock) -> BatchReport:
         processed = self._processed(frame, skip).persist()
         F = functions(processed)
         try:
             self._write_sink(processed.where(F.col("status") == OK).select("output.*"), batch_id)
+            clock.done("write")
             outcomes = _count_processed(processed)
+            clock.done("count")
             routes: tuple[Routed, ...] = ()
             if any(o.status == FAILED for o in outcomes):
                 failed = (processed.where(F.col("status") == FAILED)
                           .select(*tasks.ROUTING_COLUMNS))
                 routes = (self._route_to_backend(failed) if self.backend is not None
-                          else self._route(failed, batch_id, resumed))
+                          else self._route(failed, batch_id, resumed, clock))
+                clock.done("route")
             if self.backend is not None:
                 for record in _records(processed.where((F.col("status") == OK)
                                                        & _has_redrive(F))):
                     self.backend.succeeded(record)
+                clock.done("admit")
             handler_us, late_s = _samples(processed)
+            clock.done("count")
         finally:
             processed.unpersist()
         return BatchReport(batch_id, outcomes, routes, handler_us, late_s)
@@ -168,8 +180,8 @@ class BatchBody:
 
     # --- the DataFrame form --------------------------------------------------------------------
 
-    def _transformed(self, frame: Any, batch_id: int, resumed: ledger.Entry | None
-                     ) -> BatchReport:
+    def _transformed(self, frame: Any, batch_id: int, resumed: ledger.Entry | None,
+                     clock: StepClock) -> BatchReport:
         F = functions(frame)
         assert self.transform is not None
         redrive = F.col(REDRIVE_COLUMN)
@@ -182,14 +194,17 @@ class BatchBody:
             output = self.transform(frame.where(mine & ~malformed)).persist()
             error = F.col(self.error_column)
             self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
+            clock.done("write")
             counted, failed, late_s = _tally(frame, output, self.error_column, mine, malformed)
+            clock.done("count")
             routes: tuple[Routed, ...] = ()
             failed += sum(row["n"] for row in counted if row["status"] == FAILED)
             if failed:
                 rows = routing_rows(output, self.error_column, source=frame)
                 if any(row["status"] == FAILED for row in counted):
                     rows = rows.unionByName(routing_rows(frame.where(malformed), None))
-                routes = self._route(rows, batch_id, resumed, failed)
+                routes = self._route(rows, batch_id, resumed, clock, failed)
+                clock.done("route")
         finally:
             if output is not None:
                 output.unpersist()
@@ -198,7 +213,7 @@ class BatchBody:
 
     # --- routing and the sink ------------------------------------------------------------------
 
-    def _route(self, rows: Any, batch_id: int, resumed: ledger.Entry | None,
+    def _route(self, rows: Any, batch_id: int, resumed: ledger.Entry | None, clock: StepClock,
                failed: int | None = None) -> tuple[Routed, ...]:
         """Copy failed rows with confirmation; a resumed batch skips copies already written.
         `failed`, when the batch has counted them, lets few be routed in this process."""
@@ -217,6 +232,7 @@ class BatchBody:
             ledger.append(self._producer(), self.ledger_topic,
                           ledger.Entry(batch_id, ledger.ROUTING, marks,
                                        {"checkpoint": self.checkpoint}))
+        clock.done("ledger")
         here = failed is not None and failed <= ROUTE_HERE_MAX
         return tuple(route_rows(rows, self.connection, self.group, self.route_policy,
                                 self.partitions, already, here=here))

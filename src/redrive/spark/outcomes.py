@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ class PipelineStats:
     skipped: int = 0  # meant for another group
     early: int = 0  # handled before their due time: must stay 0
     in_place_retries: int = 0
+    # Seconds the batches' bodies spent in each step (see BatchReport.steps), summed.
+    step_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def succeeded(self) -> int:
@@ -42,6 +45,8 @@ class PipelineStats:
 
     def add(self, report: BatchReport) -> None:
         self.batches += 1
+        for step, seconds in report.steps:
+            self.step_seconds[step] = self.step_seconds.get(step, 0.0) + seconds
         for row in report.outcomes:
             self.records += row.n
             self.early += row.early
@@ -93,14 +98,32 @@ class BatchReport:
     routes: tuple[Routed, ...] = ()
     handler_us: tuple[int, ...] = ()  # a sample of handler times
     late_s: tuple[float, ...] = ()  # a sample of lateness past due
+    # Wall seconds of each step of the body, in order: where a batch's time goes (the steps
+    # are Spark jobs or broker round trips; on Spark Connect each is a call to the server).
+    steps: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch": self.batch, "outcomes": [list(o) for o in self.outcomes],
                 "routes": [list(r) for r in self.routes], "handler_us": list(self.handler_us),
-                "late_s": list(self.late_s)}
+                "late_s": list(self.late_s), "steps": [list(s) for s in self.steps]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BatchReport:
         return cls(int(data["batch"]), tuple(Outcomes(*o) for o in data.get("outcomes", ())),
                    tuple(Routed(*r) for r in data.get("routes", ())),
-                   tuple(data.get("handler_us", ())), tuple(data.get("late_s", ())))
+                   tuple(data.get("handler_us", ())), tuple(data.get("late_s", ())),
+                   tuple((str(step), float(seconds)) for step, seconds in data.get("steps", ())))
+
+
+class StepClock:
+    """Times a batch body's steps one after the other: `done(step)` ends the step begun when
+    the clock started or at the last done()."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, float]] = []
+        self._at = time.perf_counter()
+
+    def done(self, step: str) -> None:
+        now = time.perf_counter()
+        self.steps.append((step, now - self._at))
+        self._at = now

@@ -232,6 +232,8 @@ class RetryPipeline:
             self.metrics.handler_took(took / 1_000_000)
         for late in report.late_s:
             self.metrics.late_by(late)
+        for step, seconds in report.steps:
+            self.metrics.batch_step_took(step, seconds)
         self._observe_waiting()
         if self.on_batch is not None:
             self.on_batch(report.batch, self.stats)

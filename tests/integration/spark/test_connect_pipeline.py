@@ -69,6 +69,10 @@ def test_pipeline_on_spark_connect(connect_spark: Any, bootstrap: str, new_topic
     assert stats.retried_by_attempt == {1: 4}
     assert stats.dead_lettered_by_reason == {"not-retryable": 2}
     assert stats.early == 0
+    # The body's step times come back through the ledger from the server's Python worker.
+    assert {"ledger", "write", "count", "route"} <= set(stats.step_seconds)
+    assert pipeline.metrics.value("redrive_batch_step_seconds_count", step="write") \
+        == stats.batches
     assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 2
     assert len(read_all(bootstrap, f"{topic}.{group}.retry.1s")) == 4
 

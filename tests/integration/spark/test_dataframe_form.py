@@ -5,6 +5,7 @@ batch that writes and copies nothing twice."""
 from __future__ import annotations
 
 import sys
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -78,7 +79,20 @@ def test_transform_routes_errors_from_a_column(spark: Any, bootstrap: str, new_t
     pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
                              sink=sink, checkpoint=str(tmp_path / "cp"),
                              trigger_interval="300 milliseconds")
+    started = time.perf_counter()
     stats = pipeline.run(until=lambda s: s.finished >= len(kinds) + 1, timeout_s=150)
+    took = time.perf_counter() - started
+
+    # Each batch reported where its time went: the steps of every batch, routing in those
+    # that had failures, all inside the run's own time.
+    assert set(stats.step_seconds) == {"ledger", "write", "count", "route"}
+    assert all(seconds > 0 for seconds in stats.step_seconds.values())
+    assert sum(stats.step_seconds.values()) < took
+    step_count = "redrive_batch_step_seconds_count"
+    assert pipeline.metrics.value(step_count, step="write") == stats.batches
+    assert 1 <= pipeline.metrics.value(step_count, step="route") < stats.batches
+    assert pipeline.metrics.value("redrive_batch_step_seconds_sum", step="write") \
+        == pytest.approx(stats.step_seconds["write"])
 
     rows = spark.read.parquet(sink).collect()
     assert len(rows) == len({row["key"] for row in rows}) == 25  # every success once
