@@ -285,6 +285,14 @@ class PipelineRun:
     def rate(self) -> float:
         return self.records / self.wall_s
 
+    @property
+    def steady_rate(self) -> float | None:
+        """Records/s after the first batch: without the query's start, which on Spark Connect
+        includes starting the server's foreachBatch worker. None for a one-batch run."""
+        if self.first_batch_records >= self.records:
+            return None
+        return (self.records - self.first_batch_records) / (self.wall_s - self.first_batch_s)
+
 
 class Bench:
     """One SparkSession and one filled topic; each run reads the topic in a new group, whose
@@ -616,6 +624,14 @@ def measure(bootstrap: str, records: int, runs: int, fail_per_10k: int,
             "connect_wall_s": median([r.wall_s for r in remote]),
             "connect_steps_s": median_steps(remote),
         })
+        steady = [rate for r in frames if (rate := r.steady_rate) is not None]
+        remote_steady = [rate for r in remote if (rate := r.steady_rate) is not None]
+        if len(steady) == len(frames) and len(remote_steady) == len(remote):
+            figures.update({
+                "frame_steady_records_per_s": median(steady),
+                "connect_steady_records_per_s": median(remote_steady),
+                "connect_steady": median(remote_steady) / median(steady),
+            })
     return figures
 
 
@@ -709,6 +725,12 @@ def table(figures: Mapping[str, Any], broker: str) -> str:
             f"pipeline fixed cost per query (start + one {FIXED_COST_RECORDS:,}-record batch): "
             f"{figures['pipeline_fixed_cost_s']:.1f} s",
         ]
+    if "connect_steady" in figures:
+        lines.append(
+            f"DataFrame form after its first batch (the query's start left out): "
+            f"{figures['frame_steady_records_per_s']:,.0f} records/s classic, "
+            f"{figures['connect_steady_records_per_s']:,.0f} on Spark Connect, "
+            f"ratio {figures['connect_steady']:.3f}")
     for form, prefix in (("classic", "frame"), ("Spark Connect", "connect")):
         if f"{prefix}_steps_s" in figures:
             steps = figures[f"{prefix}_steps_s"]
