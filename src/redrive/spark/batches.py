@@ -157,7 +157,7 @@ class BatchBody:
                 for record in _records(processed.where((F.col("status") == OK)
                                                        & _has_redrive(F))):
                     self.backend.succeeded(record)
-                clock.done("admit")
+                clock.done("store")
             handler_us, late_s = _samples(processed)
             clock.done("count")
         finally:

@@ -98,8 +98,8 @@ class BatchReport:
     routes: tuple[Routed, ...] = ()
     handler_us: tuple[int, ...] = ()  # a sample of handler times
     late_s: tuple[float, ...] = ()  # a sample of lateness past due
-    # Wall seconds of each step of the body, in order: where a batch's time goes (the steps
-    # are Spark jobs or broker round trips; on Spark Connect each is a call to the server).
+    # Wall seconds of each step of the body, in order: where a batch's time goes. The steps are
+    # Spark jobs (calls to the server on Spark Connect) or round trips to the brokers.
     steps: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:

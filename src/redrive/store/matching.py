@@ -23,8 +23,8 @@ def one_of(column: ColumnElement[_T], values: Sequence[_T], dialect: str
            ) -> ColumnElement[bool]:
     """`column IN values`, on PostgreSQL as one array parameter. A list becomes a parameter
     each, rendered and converted on every call: a scheduler's settle of 500 ids took 12-15 us
-    an id so against 4-5 with the array. On SQLite the list stays (an array would need its JSON
-    functions, for about 1.5 us an id)."""
+    an id that way against 4-5 with the array. On SQLite the list stays (an array would need its
+    JSON functions, for about 1.5 us an id)."""
     if dialect == "postgresql":
         return column == any_(bindparam(None, list(values), type_=ARRAY(column.type)))
     return column.in_(values)
