@@ -43,6 +43,8 @@ def test_failures_wait_in_the_store_and_come_back_through_the_scheduler(
     assert all(row["late_ms"] >= 0 for row in rows)
     assert stats.early == 0 and stats.skipped == 0
     assert stats.dead_lettered_by_reason == {"not-retryable": 2}
+    # With a store the batches also spend time asking it and writing to it.
+    assert {"ledger", "admit", "write", "count", "route", "store"} == set(stats.step_seconds)
     assert store.counts() == {"succeeded": 4, "dead": 2}
     on_cluster = kafka.topic_partitions(kafka.admin(bootstrap))
     assert not [name for name in on_cluster if name.startswith(f"{topic}.{group}.")]
