@@ -94,16 +94,19 @@ class StoredRetry:
         return self.target or self.topic
 
 
-# Where each of StoredRetry's fields is in a whole row of the table (`select(retries)`, or a
-# claim's RETURNING of every column), in the fields' order.
-_COLUMNS = ("id", "group_id", "topic", "partition", "offset", "timestamp_ms", "key", "mode",
-            "value", "headers", "target", "attempt", "first_failure_ms", "due_ms", "status",
-            "reason", "error_type", "error_message", "error_trace", "created_ms", "updated_ms",
-            "dispatched_ms", "dispatches")
-_ROW_LENGTH = len(retries.columns)
-_POSITIONS = tuple(list(retries.columns.keys()).index(column) for column in _COLUMNS)
-_HEADERS_AT = _COLUMNS.index("headers")
+def row_positions(*columns: str) -> tuple[int, ...]:
+    """Where these columns are in a whole row of the table (`select(retries)`, or a claim's
+    RETURNING of every column): a Row's lookup by name costs more than the work on it."""
+    names = list(retries.columns.keys())
+    return tuple(names.index(column) for column in columns)
+
+
+# StoredRetry's fields, in their order, and where each is in a whole row (every field is its
+# column but `group`, which is `group_id`).
 _COLUMN_FIELDS = tuple(field.name for field in fields(StoredRetry))
+_POSITIONS = row_positions(*("group_id" if name == "group" else name for name in _COLUMN_FIELDS))
+_ROW_LENGTH = len(retries.columns)
+_HEADERS_AT = _COLUMN_FIELDS.index("headers")
 
 
 class RecordState(NamedTuple):
