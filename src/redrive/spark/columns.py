@@ -23,79 +23,87 @@ FIELDS = ("attempt", "first_failure", "original_topic", "original_partition", "o
 _INTEGER = r"^\s*-?[0-9]{1,19}\s*$"
 
 
+# Header fields of the struct, with their headers; the rest are worked out from these.
+_WHOLE_NUMBERS = (("attempt", h.ATTEMPT), ("due", h.DUE),
+                  ("original_partition", h.ORIGINAL_PARTITION),
+                  ("original_offset", h.ORIGINAL_OFFSET),
+                  ("original_timestamp", h.ORIGINAL_TIMESTAMP),
+                  ("first_failure", h.FIRST_FAILURE))
+_TEXTS = (("original_topic", h.ORIGINAL_TOPIC), ("group", h.GROUP), ("target", h.TARGET))
+# The working column of the headers' raw values, dropped again: see with_redrive_columns.
+_WORK = "__redrive_headers"
+
+
 def _last(F: ModuleType, name: str) -> Any:
     """The header's last value (binary), null when the record does not carry it."""
     found = F.filter("headers", lambda pair: pair["key"] == F.lit(name))
     return F.try_element_at(found, F.lit(-1)).getField("value")
 
 
-def _integer(F: ModuleType, name: str) -> tuple[Any, Any]:
-    """The header as a long, and whether it is present but not a whole number >= 0."""
-    raw = _last(F, name)
-    text = raw.cast("string")
-    value = F.when(F.regexp_like(text, F.lit(_INTEGER)), F.trim(text).try_cast("long"))
-    bad = raw.isNotNull() & (value.isNull() | (value < 0))
-    return value, bad
-
-
-def _text(F: ModuleType, name: str) -> tuple[Any, Any, Any]:
-    """The header as text, whether it is not UTF-8, and whether it is empty."""
-    raw = _last(F, name)
-    return raw.cast("string"), raw.isNotNull() & ~F.is_valid_utf8(raw), F.length(raw) == 0
-
-
 def with_redrive_columns(frame: Any) -> Any:
-    """`frame` (with the source's `headers` column) plus the `redrive` struct column."""
-    F = functions(frame)
+    """`frame` (with the source's `headers` column) plus the `redrive` struct column.
 
-    attempt, bad_attempt = _integer(F, h.ATTEMPT)
-    due, bad_due = _integer(F, h.DUE)
-    partition, bad_partition = _integer(F, h.ORIGINAL_PARTITION)
-    offset, bad_offset = _integer(F, h.ORIGINAL_OFFSET)
-    stamp, bad_stamp = _integer(F, h.ORIGINAL_TIMESTAMP)
-    first, bad_first = _integer(F, h.FIRST_FAILURE)
-    topic, topic_not_utf8, topic_empty = _text(F, h.ORIGINAL_TOPIC)
-    group, group_not_utf8, group_empty = _text(F, h.GROUP)
-    target, target_not_utf8, target_empty = _text(F, h.TARGET)
-    origin = [(h.ORIGINAL_TOPIC, _last(F, h.ORIGINAL_TOPIC)),
-              (h.ORIGINAL_PARTITION, _last(F, h.ORIGINAL_PARTITION)),
-              (h.ORIGINAL_OFFSET, _last(F, h.ORIGINAL_OFFSET))]
-    any_origin = origin[0][1].isNotNull() | origin[1][1].isNotNull() | origin[2][1].isNotNull()
+    The nine header lookups are made once, into a working column that the checks then read.
+    Written as one expression, each check repeated the lookups it needs: about sixty of them, in
+    a tree Spark optimizes and compiles again for every action of every batch. A query over
+    1,000 records took 1.4 s that way against 0.6 s now (and 0.25 s without the column); over
+    1M records 3.3 against 2.8 s. The working column is a struct under a condition, not a bare
+    struct: Spark would put a bare struct's fields back into each use (CollapseProject).
+    """
+    F = functions(frame)
+    raw = {field: F.col(_WORK).getField(field) for field, _ in (*_WHOLE_NUMBERS, *_TEXTS)}
+    value = {field: F.when(F.regexp_like(raw[field].cast("string"), F.lit(_INTEGER)),
+                           F.trim(raw[field].cast("string")).try_cast("long"))
+             for field, _ in _WHOLE_NUMBERS}
+    # Most records carry no redrive header at all: one test instead of nine lookups for them.
+    carries = F.exists("headers", lambda pair: pair["key"].startswith(h.PREFIX))
+    staged = frame.withColumn(_WORK, F.when(carries, F.struct(
+        *(_last(F, name).alias(field) for field, name in (*_WHOLE_NUMBERS, *_TEXTS)))))
+
+    def bad_number(field: str) -> Any:
+        return raw[field].isNotNull() & (value[field].isNull() | (value[field] < 0))
+
+    def not_utf8(field: str) -> Any:
+        return raw[field].isNotNull() & ~F.is_valid_utf8(raw[field])
+
+    def empty(field: str) -> Any:
+        return F.length(raw[field]) == 0
+
+    origin = ("original_topic", "original_partition", "original_offset")
+    any_origin = F.coalesce(*(raw[field] for field in origin)).isNotNull()
     checks = [
-        (bad_attempt, f"{h.ATTEMPT}: expected a decimal integer >= 0"),
-        (bad_due, f"{h.DUE}: expected a decimal integer >= 0"),
-        (bad_partition, f"{h.ORIGINAL_PARTITION}: expected a decimal integer >= 0"),
-        (bad_offset, f"{h.ORIGINAL_OFFSET}: expected a decimal integer >= 0"),
-        (bad_stamp, f"{h.ORIGINAL_TIMESTAMP}: expected a decimal integer >= 0"),
-        (bad_first, f"{h.FIRST_FAILURE}: expected a decimal integer >= 0"),
-        (topic_not_utf8, f"{h.ORIGINAL_TOPIC}: not UTF-8 text"),
-        *[(any_origin & raw.isNull(), f"{name}: missing while another original header is present")
-          for name, raw in origin],
-        (topic_empty, f"{h.ORIGINAL_TOPIC}: empty topic name"),
-        (group_not_utf8, f"{h.GROUP}: not UTF-8 text"),
-        (group_empty, f"{h.GROUP}: empty group"),
-        (target_not_utf8, f"{h.TARGET}: not UTF-8 text"),
-        (target_empty, f"{h.TARGET}: empty topic name"),
+        *[(bad_number(field), f"{name}: expected a decimal integer >= 0")
+          for field, name in _WHOLE_NUMBERS],
+        (not_utf8("original_topic"), f"{h.ORIGINAL_TOPIC}: not UTF-8 text"),
+        *[(any_origin & raw[field].isNull(),
+           f"{name}: missing while another original header is present")
+          for field, name in zip(origin, (h.ORIGINAL_TOPIC, h.ORIGINAL_PARTITION,
+                                          h.ORIGINAL_OFFSET), strict=True)],
+        (empty("original_topic"), f"{h.ORIGINAL_TOPIC}: empty topic name"),
+        (not_utf8("group"), f"{h.GROUP}: not UTF-8 text"),
+        (empty("group"), f"{h.GROUP}: empty group"),
+        (not_utf8("target"), f"{h.TARGET}: not UTF-8 text"),
+        (empty("target"), f"{h.TARGET}: empty topic name"),
     ]
     malformed = F.coalesce(*(F.when(bad, F.lit(why)) for bad, why in checks))
     fields = [
-        F.when(~bad_attempt, F.coalesce(attempt, F.lit(0))).otherwise(0).cast("int"),
-        F.timestamp_millis(first),
-        topic,
-        partition.cast("int"),
-        offset,
-        F.timestamp_millis(stamp),
-        F.timestamp_millis(due),
-        group,
-        target,
+        F.when(~bad_number("attempt"), F.coalesce(value["attempt"], F.lit(0)))
+        .otherwise(0).cast("int"),
+        F.timestamp_millis(value["first_failure"]),
+        raw["original_topic"].cast("string"),
+        value["original_partition"].cast("int"),
+        value["original_offset"],
+        F.timestamp_millis(value["original_timestamp"]),
+        F.timestamp_millis(value["due"]),
+        raw["group"].cast("string"),
+        raw["target"].cast("string"),
         malformed,
     ]
-    # Most records carry no redrive header at all: one test instead of ten lookups for them.
     plain = F.struct(F.lit(0).alias("attempt"),
                      *(F.lit(None).cast(kind).alias(name) for name, kind in _PLAIN_TYPES))
-    decoded = F.struct(*(value.alias(name) for value, name in zip(fields, FIELDS, strict=True)))
-    carries = F.exists("headers", lambda pair: pair["key"].startswith(h.PREFIX))
-    return frame.withColumn(REDRIVE_COLUMN, F.when(carries, decoded).otherwise(plain))
+    decoded = F.struct(*(column.alias(name) for column, name in zip(fields, FIELDS, strict=True)))
+    redrive = F.when(F.col(_WORK).isNotNull(), decoded).otherwise(plain)
+    return staged.withColumn(REDRIVE_COLUMN, redrive).drop(_WORK)
 
 
 _PLAIN_TYPES = [("first_failure", "timestamp"), ("original_topic", "string"),

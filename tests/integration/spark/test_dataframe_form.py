@@ -22,7 +22,7 @@ from redrive.record import ErrorInfo
 from redrive.routing import route
 from redrive.spark import RetryPipeline, retry_stream, route_failures
 from redrive.spark.batches import BatchBody
-from redrive.spark.columns import with_redrive_columns
+from redrive.spark.columns import FIELDS, with_redrive_columns
 from redrive.spark.ledger import ROUTING, Entry, append, ledger_topic
 from redrive.spark.sql import functions
 from redrive.spark.tasks import record_of
@@ -205,6 +205,19 @@ def test_sql_decoding_agrees_with_read_delivery(spark: Any) -> None:
         due = got["due"]
         assert (due is None) == (delivery.due_ms is None)
         assert got["group"] == delivery.group
+
+
+def test_sql_decoding_looks_up_each_header_once(spark: Any) -> None:
+    """Spark optimizes and compiles the column's expressions again for every action of every
+    batch: written as one expression, each check repeated the lookups it reads (about sixty)."""
+    F = functions(spark.range(1))
+    headers = F.array(F.struct(F.lit(h.ATTEMPT).alias("key"),
+                               F.col("id").cast("string").cast("binary").alias("value")))
+    frame = with_redrive_columns(spark.range(3).select("id", headers.alias("headers")))
+    plan = frame.select("redrive")._jdf.queryExecution().optimizedPlan().toString()
+    headers_read = len(FIELDS) - 1  # all but `malformed`
+    assert plan.count("filter(headers") == headers_read
+    assert [row["redrive"]["attempt"] for row in frame.orderBy("id").collect()] == [0, 1, 2]
 
 
 def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
