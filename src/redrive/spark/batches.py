@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from types import ModuleType
@@ -30,13 +30,13 @@ from redrive.policy import RetryPolicy
 from redrive.record import Record
 from redrive.routing import DeadLetter, Retry, Route
 from redrive.spark import ledger, tasks
-from redrive.spark.columns import REDRIVE_COLUMN
 from redrive.spark.failures import ROUTE_HERE_MAX, route_rows, routing_rows
 from redrive.spark.outcomes import (
     DEAD_LETTER,
     FAILED,
     OK,
     RETRY,
+    SAMPLE,
     SKIPPED,
     BatchReport,
     Outcomes,
@@ -44,6 +44,7 @@ from redrive.spark.outcomes import (
     StepClock,
 )
 from redrive.spark.sql import functions
+from redrive.spark.tally import BatchTally
 from redrive.spark.writer import cached_producer, drop_cached_producers
 
 log = logging.getLogger("redrive.spark")
@@ -53,11 +54,6 @@ Transform = Callable[[Any], Any]
 # The column of a path or table sink that keys each row by the batch that wrote it, so that a
 # replayed batch overwrites its own rows instead of adding them again.
 BATCH_COLUMN = "redrive_batch"
-# Handler time and lateness are observed on at most this many records per batch: enough for
-# quantiles.
-SAMPLE = 2_000
-# The row of a transformed batch's tally that counts the rows its transform failed.
-_ERRORS = "transform-errors"
 
 
 @dataclass(frozen=True)
@@ -71,6 +67,7 @@ class BatchBody:
     checkpoint: str  # names the query run in the ledger
     partitions: Mapping[str, int]
     destinations: tuple[str, ...]
+    topics: tuple[str, ...] = ()  # the topics the query reads, for the DataFrame form's tally
     function: tasks.RecordFunction | None = None
     batch_function: tasks.BatchFunction | None = None
     transform: Transform | None = None
@@ -184,32 +181,33 @@ class BatchBody:
                      clock: StepClock) -> BatchReport:
         F = functions(frame)
         assert self.transform is not None
-        redrive = F.col(REDRIVE_COLUMN)
-        owner = redrive.getField("group")
-        mine = owner.isNull() | (owner == F.lit(self.group))
-        malformed = redrive.getField("malformed").isNotNull()
-        frame = frame.persist()  # read by the transform, the counts and the routing join
+        tally = BatchTally(frame, self.group, self.topics, now_ms())
+        mine, malformed = tally.mine, tally.malformed
+        # Read by the transform, the routing join, and the tally if it must be counted apart.
+        frame = tally.observe_batch(frame).persist()
         output = None
         try:
-            output = self.transform(frame.where(mine & ~malformed)).persist()
+            output = tally.observe_output(self.transform(frame.where(mine & ~malformed)),
+                                          self.error_column).persist()
             error = F.col(self.error_column)
             self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
             clock.done("write")
-            counted, failed, late_s = _tally(frame, output, self.error_column, mine, malformed)
+            counted = tally.result(frame, output, self.error_column)
             clock.done("count")
             routes: tuple[Routed, ...] = ()
-            failed += sum(row["n"] for row in counted if row["status"] == FAILED)
-            if failed:
+            bad = sum(row["n"] for row in counted.counted if row["status"] == FAILED)
+            if counted.failed + bad:
                 rows = routing_rows(output, self.error_column, source=frame)
-                if any(row["status"] == FAILED for row in counted):
+                if bad:
                     rows = rows.unionByName(routing_rows(frame.where(malformed), None))
-                routes = self._route(rows, batch_id, resumed, clock, failed)
+                routes = self._route(rows, batch_id, resumed, clock, counted.failed + bad)
                 clock.done("route")
         finally:
             if output is not None:
                 output.unpersist()
             frame.unpersist()
-        return BatchReport(batch_id, _outcomes_of(counted, routes), routes, (), late_s)
+        return BatchReport(batch_id, _outcomes_of(counted.counted, routes), routes, (),
+                           counted.late_s)
 
     # --- routing and the sink ------------------------------------------------------------------
 
@@ -292,7 +290,8 @@ class BatchBody:
         return tuple(Routed(*key, n) for key, n in counts.items())
 
 
-def _outcomes_of(counted: list[Any], routes: tuple[Routed, ...]) -> tuple[Outcomes, ...]:
+def _outcomes_of(counted: Sequence[Mapping[str, Any]], routes: tuple[Routed, ...]
+                 ) -> tuple[Outcomes, ...]:
     """A transformed batch's outcomes: its rows by class, those the transform failed moved from
     OK to FAILED by what routing found of them."""
     failed_from: Counter[tuple[int, str]] = Counter()
@@ -311,35 +310,6 @@ def _outcomes_of(counted: list[Any], routes: tuple[Routed, ...]) -> tuple[Outcom
         if n:
             outcomes.append(Outcomes(status, attempt, topic, skip, n, row["early"]))
     return tuple(outcomes)
-
-
-def _tally(frame: Any, output: Any, error_column: str, mine: Any, malformed: Any
-           ) -> tuple[list[Any], int, tuple[float, ...]]:
-    """A transformed batch's rows by class, how many rows the transform failed, and a sample of
-    lateness past due, in one Spark job: on Spark Connect each action is a round trip through
-    the server."""
-    F = functions(frame)
-    redrive = F.col(REDRIVE_COLUMN)
-    due = redrive.getField("due")
-    now = now_ms()
-    kind = F.when(~mine, F.lit(SKIPPED)).when(malformed, F.lit(FAILED)).otherwise(F.lit(OK))
-    early = F.when(due > F.timestamp_millis(F.lit(now)), 1)
-    late = F.when(mine & due.isNotNull(), (F.lit(now) - F.unix_millis(due)) / 1000)
-    classes = (frame.groupBy(kind.alias("status"), redrive.getField("attempt").alias("attempt"),
-                             "topic")
-               .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"),
-                    F.slice(F.collect_list(late), 1, SAMPLE).alias("late")))
-    errors = (output.where(F.col(error_column).isNotNull())
-              .agg(F.count(F.lit(1)).alias("n"))
-              .select(F.lit(_ERRORS).alias("status"), F.lit(None).cast("int").alias("attempt"),
-                      F.lit(None).cast("string").alias("topic"), "n",
-                      F.lit(0).cast("long").alias("early"),
-                      F.array().cast("array<double>").alias("late")))
-    rows = classes.unionByName(errors).collect()
-    counted = [row for row in rows if row["status"] != _ERRORS]
-    failed = sum(row["n"] for row in rows if row["status"] == _ERRORS)
-    late_s = tuple(value for row in counted for value in row["late"])[:SAMPLE]
-    return counted, failed, late_s
 
 
 def _count_processed(processed: Any) -> tuple[Outcomes, ...]:

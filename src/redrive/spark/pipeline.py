@@ -164,6 +164,7 @@ class RetryPipeline:
             sink=self.sink, sink_format=self.sink_format, checkpoint=self.checkpoint,
             partitions=dict(self._partitions),
             destinations=tuple(self.subscription.destinations),
+            topics=tuple(self.subscription.consumed_topics),
             function=self.function, batch_function=self.batch_function,
             transform=self.transform, output_schema=self.output_schema,
             error_column=self.error_column,

@@ -26,3 +26,32 @@ def functions(owner: Any) -> ModuleType:
 def is_remote(owner: Any) -> bool:
     """Whether `owner` (a DataFrame or session) belongs to a Spark Connect client."""
     return type(owner).__module__.startswith("pyspark.sql.connect")
+
+
+def observation(owner: Any) -> Any:
+    """A new Observation (for `DataFrame.observe`) of `owner`'s kind, classic or Connect."""
+    if is_remote(owner):
+        from pyspark.sql.connect.observation import Observation as ConnectObservation
+
+        return ConnectObservation()
+    from pyspark.sql import Observation
+
+    return Observation()
+
+
+def observed(observation_: Any) -> dict[str, Any] | None:
+    """The observation's metrics, or None when no action computed them: never waits.
+
+    A classic Observation's `get` waits until an action over the observed rows has run, forever
+    if none does; its Java side says whether one has, without waiting. A Connect client's has
+    its metrics with the action's answer, or raises."""
+    from pyspark.errors import PySparkAssertionError
+
+    java = getattr(observation_, "_jo", None)
+    if java is not None and not java.future().isCompleted():
+        return None
+    try:
+        metrics: dict[str, Any] = observation_.get
+    except PySparkAssertionError:
+        return None
+    return metrics

@@ -25,6 +25,7 @@ from redrive.spark.batches import BatchBody
 from redrive.spark.columns import FIELDS, with_redrive_columns
 from redrive.spark.ledger import ROUTING, Entry, append, ledger_topic
 from redrive.spark.sql import functions
+from redrive.spark.tally import BatchTally
 from redrive.spark.tasks import record_of
 
 from .test_pipeline import read_all
@@ -218,6 +219,62 @@ def test_sql_decoding_looks_up_each_header_once(spark: Any) -> None:
     headers_read = len(FIELDS) - 1  # all but `malformed`
     assert plan.count("filter(headers") == headers_read
     assert [row["redrive"]["attempt"] for row in frame.orderBy("id").collect()] == [0, 1, 2]
+
+
+def test_the_tally_is_observed_as_the_batch_is_written(spark: Any) -> None:
+    """The tally counted as the sink writes the batch agrees with the one counted by a job of
+    its own, on every kind of row; with a sink that runs no action it is counted by the job."""
+    now = 1_800_000_000_000
+    copy = [(h.GROUP, b"g")]
+    rows = [
+        *[("main", [], f"ok:{i}") for i in range(5)],
+        *[("other", [], f"bad:{i}") for i in range(3)],  # plain rows of a second topic
+        ("main.g.retry.1s", [*copy, (h.ATTEMPT, b"1"), (h.DUE, str(now - 1500).encode())], "ok"),
+        ("main.g.retry.1s", [*copy, (h.ATTEMPT, b"1"), (h.DUE, str(now + 60_000).encode())],
+         "bad"),  # early
+        ("main.g.retry.1s", [*copy, (h.ATTEMPT, b"2"), (h.DUE, str(now - 500).encode())], "ok"),
+        ("main", [(h.GROUP, b"another"), (h.ATTEMPT, b"1")], "ok"),  # another group's copy
+        ("main", [(h.ATTEMPT, b"x")], "ok"),  # malformed
+    ]
+    schema = "topic string, headers array<struct<key: string, value: binary>>, value string"
+    topics = ("main", "other", "main.g.retry.1s")
+
+    def tallied(sink_runs: bool, reading: tuple[str, ...] = topics) -> tuple[Any, Any]:
+        frame = with_redrive_columns(spark.createDataFrame(rows, schema).repartition(2))
+        tally = BatchTally(frame, "g", reading, now)
+        frame = tally.observe_batch(frame).persist()
+        F = functions(frame)
+        output = tally.observe_output(frame.where(tally.mine & ~tally.malformed).select(
+            "value", F.when(F.col("value").startswith("bad"), F.struct(
+                F.lit("E").alias("type"), F.lit("m").alias("message"))).alias("error")),
+            "error").persist()
+        if sink_runs:
+            output.where("error IS NULL").write.format("noop").mode("append").save()
+        try:
+            return (tally.result(frame, output, "error"),
+                    tally.counted_by_job(frame, output, "error"))
+        finally:
+            output.unpersist()
+            frame.unpersist()
+
+    def classes(tally: Any) -> dict[tuple[str, int, str], tuple[int, int]]:
+        """(status, attempt, topic) -> (rows, of them early)"""
+        return {(r["status"], r["attempt"], r["topic"]): (r["n"], r["early"])
+                for r in tally.counted}
+
+    observed, by_job = tallied(sink_runs=True)
+    assert observed.observed and not by_job.observed
+    assert classes(observed) == classes(by_job) == {
+        ("ok", 0, "main"): (5, 0), ("ok", 0, "other"): (3, 0),
+        ("ok", 1, "main.g.retry.1s"): (2, 1), ("ok", 2, "main.g.retry.1s"): (1, 0),
+        ("skipped", 1, "main"): (1, 0), ("failed", 0, "main"): (1, 0)}
+    assert observed.failed == by_job.failed == 4  # three plain "bad" rows and the early copy
+    assert sorted(observed.late_s) == sorted(by_job.late_s) == [-60.0, 0.5, 1.5]
+
+    unwritten, _ = tallied(sink_runs=False)
+    assert not unwritten.observed and classes(unwritten) == classes(by_job)
+    elsewhere, _ = tallied(sink_runs=True, reading=("main", "other"))
+    assert not elsewhere.observed and classes(elsewhere) == classes(by_job)
 
 
 def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
