@@ -192,22 +192,22 @@ class BatchBody:
             error = F.col(self.error_column)
             self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
             clock.done("write")
-            counted = tally.result(frame, output, self.error_column)
+            tallied = tally.result(frame, output, self.error_column)
             clock.done("count")
             routes: tuple[Routed, ...] = ()
-            bad = sum(row["n"] for row in counted.counted if row["status"] == FAILED)
-            if counted.failed + bad:
+            bad = sum(row["n"] for row in tallied.counted if row["status"] == FAILED)
+            if tallied.failed + bad:
                 rows = routing_rows(output, self.error_column, source=frame)
                 if bad:
                     rows = rows.unionByName(routing_rows(frame.where(malformed), None))
-                routes = self._route(rows, batch_id, resumed, clock, counted.failed + bad)
+                routes = self._route(rows, batch_id, resumed, clock, tallied.failed + bad)
                 clock.done("route")
         finally:
             if output is not None:
                 output.unpersist()
             frame.unpersist()
-        return BatchReport(batch_id, _outcomes_of(counted.counted, routes), routes, (),
-                           counted.late_s)
+        return BatchReport(batch_id, _outcomes_of(tallied.counted, routes), routes, (),
+                           tallied.late_s)
 
     # --- routing and the sink ------------------------------------------------------------------
 
