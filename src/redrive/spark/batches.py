@@ -43,7 +43,7 @@ from redrive.spark.outcomes import (
     Routed,
     StepClock,
 )
-from redrive.spark.sql import functions
+from redrive.spark.sql import functions, hold, lost_held_rows, release
 from redrive.spark.tally import BatchTally
 from redrive.spark.writer import cached_producer, drop_cached_producers
 
@@ -85,6 +85,13 @@ class BatchBody:
         try:
             self._handle(frame, batch_id)
         except Exception as exc:
+            if lost_held_rows(exc):
+                # An executor holding part of the batch is gone: the batch runs again, its
+                # rows persisted this time, which Spark can compute again if lost.
+                log.warning("pipeline %s: batch %d: rows held for it were lost (%s); the batch "
+                            "runs again, persisted", self.group, batch_id, exc)
+                self._handle(frame, batch_id, as_rows=False)
+                return
             if not producer_failed(exc):
                 raise
             # An idempotent producer fails for good when the broker loses its state (a broker
@@ -96,7 +103,7 @@ class BatchBody:
             drop_cached_producers()
             self._handle(frame, batch_id)
 
-    def _handle(self, frame: Any, batch_id: int) -> None:
+    def _handle(self, frame: Any, batch_id: int, *, as_rows: bool = True) -> None:
         clock = StepClock()
         previous = ledger.last(self.connection, self.ledger_topic)
         clock.done("ledger")
@@ -121,7 +128,7 @@ class BatchBody:
             finally:
                 frame.unpersist()
         elif self.transform is not None:
-            report = self._transformed(frame, batch_id, resumed, clock)
+            report = self._transformed(frame, batch_id, resumed, clock, as_rows)
         else:
             report = self._functions(frame, batch_id, {}, resumed, clock)
         report = replace(report, steps=tuple(clock.steps))
@@ -178,34 +185,36 @@ class BatchBody:
     # --- the DataFrame form --------------------------------------------------------------------
 
     def _transformed(self, frame: Any, batch_id: int, resumed: ledger.Entry | None,
-                     clock: StepClock) -> BatchReport:
+                     clock: StepClock, as_rows: bool) -> BatchReport:
         F = functions(frame)
         assert self.transform is not None
         tally = BatchTally(frame, self.group, self.topics, now_ms())
         mine, malformed = tally.mine, tally.malformed
-        # Read by the transform, the routing join, and the tally if it must be counted apart.
-        frame = tally.observe_batch(frame).persist()
-        output = None
+        # Read by the sink's write and again by routing (and the tally, should it be counted
+        # apart): held as rows, not cached as columns, unless lost once (see sql.hold).
+        held = hold(frame, as_rows=as_rows)
         try:
-            output = tally.observe_output(self.transform(frame.where(mine & ~malformed)),
-                                          self.error_column).persist()
+            output = tally.observe_output(
+                self.transform(tally.observe_batch(held).where(mine & ~malformed)),
+                self.error_column)
             error = F.col(self.error_column)
             self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
             clock.done("write")
-            tallied = tally.result(frame, output, self.error_column)
+            tallied = tally.result(held, output, self.error_column)
             clock.done("count")
             routes: tuple[Routed, ...] = ()
             bad = sum(row["n"] for row in tallied.counted if row["status"] == FAILED)
             if tallied.failed + bad:
-                rows = routing_rows(output, self.error_column, source=frame)
+                # The transform again, without the tally's observations, which would be
+                # computed over the whole batch once more.
+                failed = self.transform(held.where(mine & ~malformed))
+                rows = routing_rows(failed, self.error_column, source=held)
                 if bad:
-                    rows = rows.unionByName(routing_rows(frame.where(malformed), None))
+                    rows = rows.unionByName(routing_rows(held.where(malformed), None))
                 routes = self._route(rows, batch_id, resumed, clock, tallied.failed + bad)
                 clock.done("route")
         finally:
-            if output is not None:
-                output.unpersist()
-            frame.unpersist()
+            release(held)
         return BatchReport(batch_id, _outcomes_of(tallied.counted, routes), routes, (),
                            tallied.late_s)
 

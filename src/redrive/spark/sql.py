@@ -55,3 +55,34 @@ def observed(observation_: Any) -> dict[str, Any] | None:
     except PySparkAssertionError:
         return None
     return metrics
+
+
+
+def hold(frame: Any, *, as_rows: bool = True) -> Any:
+    """`frame`, kept by the first action over it for the actions after.
+
+    As rows, a local checkpoint that is not eager, where `persist` builds Spark's in-memory
+    columns: a 1M-record batch of the DataFrame form, written and then read again for routing,
+    took 5.3 s that way against 7.2 s persisted (docs/benchmarks.md). A local checkpoint cannot
+    be computed again if its blocks are lost (an executor gone): the action then fails with
+    CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND (see `lost_held_rows`), and the caller holds the batch
+    with `as_rows=False`, persisted, to run it again. Release it with `release`.
+    """
+    return frame.localCheckpoint(eager=False) if as_rows else frame.persist()
+
+
+def release(held: Any) -> None:
+    """Drop what `hold` kept. A classic session's blocks go now. On Spark Connect the server
+    drops its reference to a checkpoint when the client's is collected, and the blocks go
+    with the server's next garbage collection of it."""
+    java = getattr(held, "_jdf", None)
+    logical = java.queryExecution().logical() if java is not None else None
+    if logical is not None and logical.getClass().getSimpleName() == "LogicalRDD":
+        logical.rdd().unpersist(False)
+    else:
+        held.unpersist()
+
+
+def lost_held_rows(exc: BaseException) -> bool:
+    """Whether an action failed because blocks of a held batch (a local checkpoint) are gone."""
+    return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in str(exc)

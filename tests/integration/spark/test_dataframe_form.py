@@ -80,9 +80,11 @@ def test_transform_routes_errors_from_a_column(spark: Any, bootstrap: str, new_t
     pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
                              sink=sink, checkpoint=str(tmp_path / "cp"),
                              trigger_interval="300 milliseconds")
+    held_before = held_rdds(spark)
     started = time.perf_counter()
     stats = pipeline.run(until=lambda s: s.finished >= len(kinds) + 1, timeout_s=150)
     took = time.perf_counter() - started
+    assert held_rdds(spark) == held_before  # each batch released what it held
 
     # Each batch reported where its time went: the steps of every batch, routing in those
     # that had failures, all inside the run's own time.
@@ -121,6 +123,46 @@ def test_transform_routes_errors_from_a_column(spark: Any, bootstrap: str, new_t
     retries = read_all(bootstrap, f"{topic}.{group}.retry.1s")
     assert sorted(m.key().decode() for m in retries) == sorted(
         key for key, kind in sent.items() if kind == "flaky")
+
+
+def held_rdds(spark: Any) -> set[int]:
+    return set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
+
+
+def test_a_batch_whose_held_rows_are_lost_runs_again_persisted(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A batch is held as a local checkpoint, which Spark cannot compute again if an executor
+    holding it is gone. Lost after the sink's write, the batch runs again persisted: every
+    failure is routed, once."""
+    topic = new_topic(partitions=2)
+    group = unique_name("lost")
+    sent = produce(bootstrap, topic, ["ok"] * 8 + ["bad"] * 3 + ["flaky"] * 4)
+    written: list[tuple[int, int]] = []
+
+    def losing_sink(frame: Any, batch_id: int) -> None:
+        written.append((batch_id, frame.count()))
+        if len(written) == 1:  # as an executor's loss would: the held blocks go
+            for rdd in spark.sparkContext._jsc.getPersistentRDDs().values():
+                rdd.unpersist(True)
+
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
+                             sink=losing_sink, checkpoint=str(tmp_path / "cp"),
+                             trigger_interval="300 milliseconds")
+    with caplog.at_level("WARNING", logger="redrive.spark"):
+        stats = pipeline.run(until=lambda s: s.finished >= len(sent), timeout_s=150)
+    assert any("were lost" in record.getMessage() and "runs again, persisted"
+               in record.getMessage() for record in caplog.records)
+    assert written[0] == written[1]  # the first batch was written twice: lost, then again
+    assert stats.retried_by_attempt == {1: 4}
+    assert stats.dead_lettered_by_reason == {"not-retryable": 3}
+    assert stats.succeeded_by_retries == {0: 8, 1: 4}
+    retries = read_all(bootstrap, f"{topic}.{group}.retry.1s")
+    assert sorted(m.key().decode() for m in retries) == sorted(
+        key for key, kind in sent.items() if kind == "flaky")
+    dead = read_all(bootstrap, f"{topic}.{group}.dlt")
+    assert sorted(m.key().decode() for m in dead) == sorted(
+        key for key, kind in sent.items() if kind == "bad")
 
 
 def test_transform_is_checked_before_starting(spark: Any, bootstrap: str, new_topic: Any,
