@@ -5,7 +5,7 @@ The schema and the option names are those of Spark's built-in Kafka source where
 (`kafka.*` client settings, `subscribe`, `startingOffsets`, `endingOffsets`,
 `maxOffsetsPerTrigger`, `includeHeaders`, `failOnDataLoss`, `kafkaConsumer.pollTimeoutMs`);
 redrive's own start with `redrive.` (`redrive.group`, `redrive.gate`, `redrive.gatedTopics`,
-`redrive.gate.scanLimit`, `redrive.reader`).
+`redrive.gate.scanLimit`, `redrive.reader`, `redrive.decodeHeaders`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 from redrive import kafka
 from redrive.errors import RedriveError
 from redrive.kafka.records import PartitionKey
+from redrive.spark.columns import REDRIVE_COLUMN, REDRIVE_TYPE
 
 EARLIEST = -2  # in startingOffsets/endingOffsets JSON, as in Spark
 LATEST = -1
@@ -61,8 +62,9 @@ HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()),
                                      StructField("value", BinaryType())]))
 
 
-def kafka_schema(include_headers: bool = False) -> StructType:
-    """The schema of Spark's built-in Kafka source (KafkaRecordToRowConverter), field for field."""
+def kafka_schema(include_headers: bool = False, decode_headers: bool = False) -> StructType:
+    """The schema of Spark's built-in Kafka source (KafkaRecordToRowConverter), field for field;
+    with `decode_headers`, then the `redrive` column (redrive.decodeHeaders)."""
     fields = [
         StructField("key", BinaryType()),
         StructField("value", BinaryType()),
@@ -74,6 +76,8 @@ def kafka_schema(include_headers: bool = False) -> StructType:
     ]
     if include_headers:
         fields.append(StructField("headers", HEADERS_TYPE))
+    if decode_headers:
+        fields.append(StructField(REDRIVE_COLUMN, REDRIVE_TYPE))
     return StructType(fields)
 
 
@@ -183,6 +187,8 @@ class SourceOptions:
     native: bool
     # The fetch-protocol reader first, the librdkafka one (native) or confluent-kafka for the rest.
     fetch: bool
+    # The `redrive` column, decoded as each batch is read (spark.columns).
+    decode_headers: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -219,6 +225,11 @@ class SourceOptions:
             raise SourceOptionError("redrive.reader", reader, NATIVE_MISSING)
         if reader == "fetch" and not fetch_reader_built():
             raise SourceOptionError("redrive.reader", reader, FETCH_MISSING)
+        include_headers = _flag(lowered, "includeHeaders", False)
+        decode_headers = _flag(lowered, "redrive.decodeHeaders", False)
+        if decode_headers and not include_headers:
+            raise SourceOptionError("redrive.decodeHeaders", lowered["redrive.decodeheaders"],
+                                    "needs includeHeaders=true: the column is decoded from them")
         fetch_unsupported = _fetch_unsupported(overrides)
         if reader == "fetch" and fetch_unsupported:
             raise SourceOptionError("redrive.reader", reader, fetch_unsupported)
@@ -228,7 +239,7 @@ class SourceOptions:
             starting=_offsets_spec(lowered, "startingOffsets", topics),
             ending=_offsets_spec(lowered, "endingOffsets", topics),
             max_offsets_per_trigger=_positive_int(lowered, "maxOffsetsPerTrigger"),
-            include_headers=_flag(lowered, "includeHeaders", False),
+            include_headers=include_headers,
             client_overrides=overrides,
             gate=_flag(lowered, "redrive.gate", True),
             gated_topics=_gated_topics(lowered),
@@ -239,6 +250,7 @@ class SourceOptions:
             native=reader == "native" or (reader in ("auto", "fetch") and native_reader_built()),
             fetch=reader == "fetch" or (reader == "auto" and fetch_reader_built()
                                         and not fetch_unsupported),
+            decode_headers=decode_headers,
         )
 
     def gated(self, topic: str) -> bool:

@@ -36,6 +36,7 @@ from redrive.kafka.ranges import (
     range_consumer,
 )
 from redrive.spark import buffers
+from redrive.spark.columns import arrow_type, with_redrive_column
 from redrive.spark.gc_pause import gc_paused
 from redrive.spark.options import (
     SourceOptionError,
@@ -135,9 +136,12 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[pa.RecordBa
     what it handles) and redrive.spark._rangeread (librdkafka, for the rest).
     """
     schema = to_arrow_schema(kafka_schema(options.include_headers), timezone="UTC")
-    if options.fetch and _built("fetch"):
-        return _read_fetch(options, part, schema)
-    return _read_client(options, part, schema)
+    batches = (_read_fetch(options, part, schema) if options.fetch and _built("fetch")
+               else _read_client(options, part, schema))
+    if not options.decode_headers:
+        return batches
+    kind = arrow_type()
+    return (with_redrive_column(batch, kind) for batch in batches)
 
 
 def _read_client(options: SourceOptions, part: KafkaRange,

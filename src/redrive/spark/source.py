@@ -75,8 +75,8 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Reco
     raise TypeError(f"redrive-kafka cannot read {partition!r}: not a KafkaRange")
 
 
-def _check_schema(schema: StructType, include_headers: bool) -> None:
-    expected = kafka_schema(include_headers)
+def _check_schema(schema: StructType, options: SourceOptions) -> None:
+    expected = kafka_schema(options.include_headers, options.decode_headers)
     if schema != expected:
         raise SourceOptionError("schema", schema.simpleString(),
                                 f"redrive-kafka has a fixed schema: {expected.simpleString()}")
@@ -269,16 +269,17 @@ class RedriveKafkaSource(DataSource):
         return SourceOptions.parse(self.options)
 
     def schema(self) -> StructType:
-        return kafka_schema(self._options().include_headers)
+        options = self._options()
+        return kafka_schema(options.include_headers, options.decode_headers)
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         options = self._options()
-        _check_schema(schema, options.include_headers)
+        _check_schema(schema, options)
         return KafkaStreamReader(options)
 
     def reader(self, schema: StructType) -> KafkaBatchReader:
         options = self._options()
-        _check_schema(schema, options.include_headers)
+        _check_schema(schema, options)
         return KafkaBatchReader(options)
 
 

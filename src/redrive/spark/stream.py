@@ -13,7 +13,7 @@ from redrive.arguments import check_instance
 from redrive.backends import BoundBackend, RetryBackend, RetryTopics
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
-from redrive.spark.columns import REDRIVE_COLUMN, with_redrive_columns
+from redrive.spark.columns import REDRIVE_COLUMN
 from redrive.spark.failures import check_no_brake
 from redrive.spark.sql import functions
 
@@ -101,9 +101,9 @@ class Subscription:
         from redrive.spark.source import register
 
         register(spark)
-        frame = spark.readStream.format("redrive-kafka").options(
-            **self.source_options(starting_offsets, max_offsets_per_trigger)).load()
-        return with_redrive_columns(frame)
+        return spark.readStream.format("redrive-kafka").options(
+            **self.source_options(starting_offsets, max_offsets_per_trigger),
+            **{"redrive.decodeHeaders": "true"}).load()
 
     def mine(self, frame: Any) -> Any:
         """Rows of `frame` this group handles: copies another group failed are not."""

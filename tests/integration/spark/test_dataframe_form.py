@@ -11,8 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
+from pyspark.sql.pandas.types import to_arrow_type
 
 from redrive import headers as h
 from redrive import kafka
@@ -22,8 +24,9 @@ from redrive.record import ErrorInfo
 from redrive.routing import route
 from redrive.spark import RetryPipeline, retry_stream, route_failures
 from redrive.spark.batches import BatchBody
-from redrive.spark.columns import FIELDS, with_redrive_columns
+from redrive.spark.columns import arrow_type, with_redrive_column
 from redrive.spark.ledger import ROUTING, Entry, append, ledger_topic
+from redrive.spark.options import HEADERS_TYPE
 from redrive.spark.sql import functions
 from redrive.spark.tally import BatchTally
 from redrive.spark.tasks import record_of
@@ -214,53 +217,16 @@ def test_route_failures_in_a_users_own_foreach_batch(spark: Any, bootstrap: str,
     assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 2
 
 
-HEADER_CASES = [
-    [],
-    [("other", b"1")],
-    [(h.ATTEMPT, b"2"), (h.DUE, b"1700000000000"), (h.GROUP, b"g"), (h.ORIGINAL_TOPIC, b"t"),
-     (h.ORIGINAL_PARTITION, b"1"), (h.ORIGINAL_OFFSET, b"5")],
-    [(h.ATTEMPT, b"x")],
-    [(h.ATTEMPT, b"1"), (h.ATTEMPT, b"3")],
-    [(h.ATTEMPT, b"-1")],
-    [(h.ATTEMPT, b" 4 ")],
-    [(h.ORIGINAL_TOPIC, b"t")],
-    [(h.ORIGINAL_TOPIC, b""), (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"0")],
-    [(h.GROUP, b"")],
-    [(h.GROUP, b"\xff")],
-    [(h.TARGET, b"")],
-    [(h.DUE, b"12345678901234567890123")],
-    [(h.FIRST_FAILURE, b"1.5")],
-]
-
-
-def test_sql_decoding_agrees_with_read_delivery(spark: Any) -> None:
-    frame = spark.createDataFrame([(pairs,) for pairs in HEADER_CASES],
-                                  "headers array<struct<key: string, value: binary>>")
-    decoded = [row["redrive"] for row in with_redrive_columns(frame).collect()]
-    for pairs, got in zip(HEADER_CASES, decoded, strict=True):
-        try:
-            delivery = h.read_delivery(pairs)
-        except Exception:
-            assert got["malformed"] is not None, pairs
-            continue
-        assert got["malformed"] is None, pairs
-        assert got["attempt"] == delivery.attempt
-        due = got["due"]
-        assert (due is None) == (delivery.due_ms is None)
-        assert got["group"] == delivery.group
-
-
-def test_sql_decoding_looks_up_each_header_once(spark: Any) -> None:
-    """Spark optimizes and compiles the column's expressions again for every action of every
-    batch: written as one expression, each check repeated the lookups it reads (about sixty)."""
-    F = functions(spark.range(1))
-    headers = F.array(F.struct(F.lit(h.ATTEMPT).alias("key"),
-                               F.col("id").cast("string").cast("binary").alias("value")))
-    frame = with_redrive_columns(spark.range(3).select("id", headers.alias("headers")))
-    plan = frame.select("redrive")._jdf.queryExecution().optimizedPlan().toString()
-    headers_read = len(FIELDS) - 1  # all but `malformed`
-    assert plan.count("filter(headers") == headers_read
-    assert [row["redrive"]["attempt"] for row in frame.orderBy("id").collect()] == [0, 1, 2]
+def decoded_frame(spark: Any, rows: list[tuple[str, list[tuple[str, bytes]], str]]) -> Any:
+    """A DataFrame of (topic, headers, value) rows with the `redrive` column, decoded as the
+    source's reader decodes it."""
+    headers = pa.array([[{"key": k, "value": v} for k, v in pairs] for _, pairs, _ in rows],
+                       to_arrow_type(HEADERS_TYPE))
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([topic for topic, _, _ in rows]), headers,
+         pa.array([value for _, _, value in rows])], names=["topic", "headers", "value"])
+    return spark.createDataFrame(pa.Table.from_batches([with_redrive_column(batch,
+                                                                            arrow_type())]))
 
 
 def test_the_tally_is_observed_as_the_batch_is_written(spark: Any) -> None:
@@ -278,11 +244,10 @@ def test_the_tally_is_observed_as_the_batch_is_written(spark: Any) -> None:
         ("main", [(h.GROUP, b"another"), (h.ATTEMPT, b"1")], "ok"),  # another group's copy
         ("main", [(h.ATTEMPT, b"x")], "ok"),  # malformed
     ]
-    schema = "topic string, headers array<struct<key: string, value: binary>>, value string"
     topics = ("main", "other", "main.g.retry.1s")
 
     def tallied(sink_runs: bool, reading: tuple[str, ...] = topics) -> tuple[Any, Any]:
-        frame = with_redrive_columns(spark.createDataFrame(rows, schema).repartition(2))
+        frame = decoded_frame(spark, rows).repartition(2)
         tally = BatchTally(frame, "g", reading, now)
         frame = tally.observe_batch(frame).persist()
         F = functions(frame)
@@ -330,9 +295,10 @@ def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
                              sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"))
     pipeline.ensure_topics()
     body: BatchBody = pipeline.body()
-    frame = with_redrive_columns(spark.read.format("redrive-kafka").options(
+    frame = spark.read.format("redrive-kafka").options(
         **{"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true",
-           "startingOffsets": "earliest", "endingOffsets": "latest"}).load())
+           "redrive.decodeHeaders": "true", "startingOffsets": "earliest",
+           "endingOffsets": "latest"}).load()
     dlt = f"{topic}.{group}.dlt"
     # the first run marked the routing and wrote one copy before it died
     consumer = kafka.consumer(bootstrap)

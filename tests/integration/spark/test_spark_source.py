@@ -159,6 +159,8 @@ def test_schema_is_that_of_sparks_kafka_source(spark: Any, bootstrap: str) -> No
      "redrive.gatedTopics"),
     ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "redrive.reader": "fast"},
      "redrive.reader"),
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "redrive.decodeHeaders": "true"},
+     "redrive.decodeHeaders='true': needs includeHeaders"),
 ])
 def test_bad_options_are_named_in_the_error(spark: Any, options: dict[str, str],
                                             named: str) -> None:
