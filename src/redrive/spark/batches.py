@@ -193,10 +193,13 @@ class BatchBody:
         # Read by the sink's write and again by routing (and the tally, should it be counted
         # apart): held as rows, not cached as columns, unless lost once (see sql.hold).
         held = hold(frame, as_rows=as_rows)
+        output = None
         try:
+            # Kept, so that routing copies exactly the rows the write left out: a transform
+            # need not give the same errors twice (a call to a service, a random sample).
             output = tally.observe_output(
                 self.transform(tally.observe_batch(held).where(mine & ~malformed)),
-                self.error_column)
+                self.error_column).persist()
             error = F.col(self.error_column)
             self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
             clock.done("write")
@@ -205,15 +208,14 @@ class BatchBody:
             routes: tuple[Routed, ...] = ()
             bad = sum(row["n"] for row in tallied.counted if row["status"] == FAILED)
             if tallied.failed + bad:
-                # The transform again, without the tally's observations, which would be
-                # computed over the whole batch once more.
-                failed = self.transform(held.where(mine & ~malformed))
-                rows = routing_rows(failed, self.error_column, source=held)
+                rows = routing_rows(output, self.error_column, source=held)
                 if bad:
                     rows = rows.unionByName(routing_rows(held.where(malformed), None))
                 routes = self._route(rows, batch_id, resumed, clock, tallied.failed + bad)
                 clock.done("route")
         finally:
+            if output is not None:
+                output.unpersist()
             release(held)
         return BatchReport(batch_id, _outcomes_of(tallied.counted, routes), routes, (),
                            tallied.late_s)

@@ -168,6 +168,34 @@ def test_a_batch_whose_held_rows_are_lost_runs_again_persisted(
         key for key, kind in sent.items() if kind == "bad")
 
 
+def test_a_transform_whose_errors_differ_each_time_loses_nothing(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """A transform need not give the same errors when computed again (a service's answer, a
+    random sample): routing copies exactly the rows the sink's write left out."""
+    topic = new_topic(partitions=2)
+    group = unique_name("coin")
+    sent = produce(bootstrap, topic, ["ok"] * 60)
+
+    def coin(frame: Any) -> Any:
+        F = functions(frame)
+        error = F.when(F.rand() < 0.5, F.struct(F.lit("Flaky").alias("type"),
+                                                F.lit("heads").alias("message")))
+        return frame.select(F.col("key").cast("string").alias("key"), "topic", "partition",
+                            "offset", error.alias("error"))
+
+    sink = str(tmp_path / "out")
+    pipeline = RetryPipeline(spark, bootstrap, topic, group,
+                             RetryPolicy(backoff=Backoff.sequence("1h")), transform=coin,
+                             sink=sink, checkpoint=str(tmp_path / "cp"),
+                             trigger_interval="300 milliseconds")
+    stats = pipeline.run(until=lambda s: s.records >= len(sent), timeout_s=150)
+    written = [row["key"] for row in spark.read.parquet(sink).collect()]
+    retried = [m.key().decode() for m in read_all(bootstrap, f"{topic}.{group}.retry.1h")]
+    assert 0 < len(retried) < len(sent)
+    assert sorted(written + retried) == sorted(sent)  # each record written or copied, once
+    assert stats.retried == len(retried) and stats.succeeded == len(written)
+
+
 def test_transform_is_checked_before_starting(spark: Any, bootstrap: str, new_topic: Any,
                                               unique_name: Any, tmp_path: Path) -> None:
     topic = new_topic()
