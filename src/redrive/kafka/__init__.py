@@ -32,13 +32,13 @@ from redrive.kafka.config import (
     producer,
     producer_config,
 )
-from redrive.kafka.produce import produce, produce_confirmed
+from redrive.kafka.produce import produce, produce_acked, produce_confirmed
 from redrive.kafka.records import Delivered, OutRecord, PartitionKey, message_headers
 
 __all__ = [
     "CONSUMER_DEFAULTS", "PRODUCER_DEFAULTS", "Admin", "ClientConfig", "Connection", "Delivered",
     "OutRecord", "PartitionKey", "admin", "check_reachable", "client_config", "consumer",
     "consumer_config", "create_topics", "delete_topics", "message_headers", "partition_count",
-    "produce", "produce_confirmed", "producer", "producer_config", "topic_partitions",
-    "watermarks",
+    "produce", "produce_acked", "produce_confirmed", "producer", "producer_config",
+    "topic_partitions", "watermarks",
 ]

@@ -16,17 +16,14 @@ from redrive.kafka.records import Delivered, OutRecord
 def produce(producer_: Producer, record: OutRecord,
             on_delivery: Any = None) -> None:
     """Queue one record, waiting for queue space instead of failing when the local queue is full."""
-    kwargs: dict[str, Any] = {"value": record.value, "key": record.key,
-                              "headers": list(record.headers)}
-    if record.partition is not None and record.partition >= 0:
-        kwargs["partition"] = record.partition
-    if record.timestamp_ms is not None:
-        kwargs["timestamp"] = record.timestamp_ms
-    if on_delivery is not None:
-        kwargs["on_delivery"] = on_delivery
+    partition = record.partition if record.partition is not None and record.partition >= 0 \
+        else -1  # librdkafka's "unassigned": the key decides
+    headers = record.headers if type(record.headers) is list else list(record.headers)
     while True:
         try:
-            producer_.produce(record.topic, **kwargs)
+            producer_.produce(record.topic, value=record.value, key=record.key,
+                              partition=partition, on_delivery=on_delivery,
+                              timestamp=record.timestamp_ms or 0, headers=headers)
             return
         except BufferError:
             producer_.poll(0.05)
@@ -56,16 +53,7 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
         results.append(None)
         topics.append(record.topic)
         produce(producer_, record, callback_for(index, record.topic))
-    try:
-        remaining = producer_.flush(timeout_s)
-    except SystemError as exc:
-        # A fatal error met while serving delivery reports reaches Python as a SystemError
-        # caused by it (seen after a noida-db SIGKILL and restart): said as what it is.
-        if not producer_failed(exc):
-            raise
-        raise DeliveryFailed(topics[0] if topics else "<none>", None,
-                             f"the producer failed for good: {exc.__cause__}",
-                             fatal=True) from exc
+    remaining = _flush(producer_, timeout_s, topics[0] if topics else "<none>")
     if failures:
         raise failures[0]
     if remaining > 0 or any(result is None for result in results):
@@ -73,6 +61,53 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
                              f"{remaining} record(s) unconfirmed after {timeout_s}s",
                              unanswered=True)
     return [result for result in results if result is not None]
+
+
+def produce_acked(producer_: Producer, records: Iterable[OutRecord],
+                  timeout_s: float = 30.0) -> int:
+    """`produce_confirmed` for a caller that needs to know only that every record landed, not
+    where: one delivery callback serves them all. A callback and a Delivered made per record
+    cost about as much as producing it (50,000 copies with 11 headers each: 4-7 us a record
+    this way, 10-25 us with produce_confirmed, on noida-db). Returns how many were acked."""
+    acked = 0
+    failures: list[DeliveryFailed] = []
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        nonlocal acked
+        if err is None:
+            acked += 1
+        else:
+            failures.append(delivery_failed(str(msg.topic()), msg.partition(), err))
+
+    sent = 0
+    first_topic = "<none>"
+    for record in records:
+        if not sent:
+            first_topic = record.topic
+        produce(producer_, record, on_delivery)
+        sent += 1
+    remaining = _flush(producer_, timeout_s, first_topic)
+    if failures:
+        raise failures[0]
+    if remaining > 0 or acked != sent:
+        raise DeliveryFailed(first_topic, None,
+                             f"{sent - acked} record(s) unconfirmed after {timeout_s}s",
+                             unanswered=True)
+    return acked
+
+
+def _flush(producer_: Producer, timeout_s: float, topic: str) -> int:
+    """Wait for every delivery report; what is still queued after the timeout."""
+    try:
+        remaining: int = producer_.flush(timeout_s)
+    except SystemError as exc:
+        # A fatal error met while serving delivery reports reaches Python as a SystemError
+        # caused by it (seen after a noida-db SIGKILL and restart): said as what it is.
+        if not producer_failed(exc):
+            raise
+        raise DeliveryFailed(topic, None, f"the producer failed for good: {exc.__cause__}",
+                             fatal=True) from exc
+    return remaining
 
 
 # Codes of a producer failed for good, whether or not the error says fatal(): a record refused

@@ -20,6 +20,7 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.clock import now_ms
 from redrive.errors import MalformedHeader
+from redrive.first_failures import FirstFailures
 from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
@@ -305,12 +306,13 @@ def _conform(output: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str
     return {name: output.get(name) for name in names}
 
 
-def _routed(record: Record, error: ErrorInfo, policy: RetryPolicy, group: str,
-            partitions: Mapping[str, int], now: int
+def _routed(record: Record, error: ErrorInfo, first: FirstFailures, partitions: Mapping[str, int]
             ) -> tuple[Route, str, str | None, int | None]:
     """A failed record's route, the route's kind and dead-letter reason (None for a retry), and
     the copy's partition."""
-    decision = route(record, error, policy, now, group=group)
+    decision = first.route(record.topic, record.partition, record.offset, record.timestamp_ms,
+                           record.headers, error) \
+        or route(record, error, first.policy, first.now_ms, group=first.group)
     kind, reason = ((DEAD_LETTER, decision.reason) if isinstance(decision, DeadLetter)
                     else (RETRY, None))
     count = partitions.get(decision.topic, 0) if decision.topic is not None else 0
@@ -322,11 +324,10 @@ def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, gro
     """mapInArrow body over failed rows: each becomes its retry or dead-letter copy."""
     for batch in batches:
         out: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
-        now = now_ms()
+        first = FirstFailures(policy, group, now_ms())
         with gc_paused():
             for record, error in failures(batch):
-                decision, kind, reason, partition = _routed(record, error, policy, group,
-                                                            partitions, now)
+                decision, kind, reason, partition = _routed(record, error, first, partitions)
                 out["topic"].append(decision.topic)
                 out["source_topic"].append(record.topic)
                 out["key"].append(record.key)
@@ -363,10 +364,10 @@ class RouteAndProduce:
 
         def copies() -> Iterator[kafka.OutRecord]:
             for batch in batches:
-                now = now_ms()
+                first = FirstFailures(self.policy, self.group, now_ms())
                 for record, error in failures(batch):
-                    decision, kind, reason, partition = _routed(
-                        record, error, self.policy, self.group, self.partitions, now)
+                    decision, kind, reason, partition = _routed(record, error, first,
+                                                                self.partitions)
                     counts[(kind, reason, decision.attempt, decision.topic, record.topic,
                             _source_attempt(record, decision))] += 1
                     if decision.topic is not None and not (

@@ -63,14 +63,14 @@ def cached_producer(connection: kafka.Connection,
 
 
 def produce_cached(connection: kafka.Connection, records: Iterable[kafka.OutRecord],
-                   timeout_s: float, overrides: Mapping[str, Any] | None = None
-                   ) -> list[kafka.Delivered]:
-    """`kafka.produce_confirmed` through this worker's cached producer. One that failed for good
-    is forgotten before the error is raised, so that the task's next attempt (Spark retries a
-    failed task) or the batch run again makes a new one: kept, it would fail them all."""
+                   timeout_s: float, overrides: Mapping[str, Any] | None = None) -> int:
+    """`kafka.produce_acked` through this worker's cached producer: how many were acked. One
+    that failed for good is forgotten before the error is raised, so that the task's next
+    attempt (Spark retries a failed task) or the batch run again makes a new one: kept, it
+    would fail them all."""
     producer = cached_producer(connection, overrides)
     try:
-        return kafka.produce_confirmed(producer, records, timeout_s)
+        return kafka.produce_acked(producer, records, timeout_s)
     except Exception as exc:
         if producer_failed(exc):
             for key in [k for k, cached in _PRODUCERS.items() if cached is producer]:
@@ -134,7 +134,7 @@ class _PartitionWriter:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         delivered = produce_cached(self.connection, _records(batches, self.default_topic),
                                    self.timeout_s, self.overrides)
-        yield pa.RecordBatch.from_arrays([pa.array([len(delivered)], pa.int64())],
+        yield pa.RecordBatch.from_arrays([pa.array([delivered], pa.int64())],
                                          names=["delivered"])
 
 

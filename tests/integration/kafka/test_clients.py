@@ -86,6 +86,19 @@ def test_produce_confirmed_offsets_are_where_a_consumer_finds_the_records_intact
                                                                                      records)
 
 
+def test_produce_acked_counts_every_record_the_broker_holds(
+        bootstrap: str, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(partitions=2)
+    records = [kafka.OutRecord(topic, value=f"value-{i}".encode(), headers=HEADERS,
+                               partition=i % 2) for i in range(500)]
+
+    assert kafka.produce_acked(kafka.producer(bootstrap), records) == 500
+
+    found = read_records(bootstrap, topic, 500)
+    assert sorted(m.value() for m in found) == sorted(r.value for r in records)
+    assert {m.partition() for m in found} == {0, 1}
+
+
 def test_create_topics_creates_requested_partition_counts_and_is_idempotent(
         bootstrap: str, unique_name: Callable[..., str]) -> None:
     admin = kafka.admin(bootstrap)
@@ -141,3 +154,13 @@ def test_produce_confirmed_to_a_down_broker_raises_delivery_failed_naming_the_to
     assert time.monotonic() - started < 15
     assert caught.value.topic == "orders-nowhere"
     assert "orders-nowhere" in str(caught.value)
+
+
+def test_produce_acked_to_a_down_broker_raises_delivery_failed_naming_the_topic() -> None:
+    producer = kafka.producer(closed_address(),
+                              overrides={"message.timeout.ms": 2000, "logger": QUIET})
+    with pytest.raises(DeliveryFailed) as caught:
+        kafka.produce_acked(producer, [kafka.OutRecord("orders-nowhere", b"v")] * 3,
+                            timeout_s=20)
+    assert caught.value.topic == "orders-nowhere"
+    assert caught.value.unanswered

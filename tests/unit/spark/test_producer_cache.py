@@ -22,16 +22,16 @@ def empty_cache() -> Iterator[None]:
 
 
 def failing(code: int) -> Any:
-    def produce_confirmed(*args: Any, **kwargs: Any) -> None:
+    def produce_acked(*args: Any, **kwargs: Any) -> None:
         raise KafkaException(KafkaError(code, "as librdkafka reports it"))
-    return produce_confirmed
+    return produce_acked
 
 
 def test_a_producer_failed_for_good_is_forgotten_so_the_next_attempt_makes_a_new_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     first = writer.cached_producer(NOWHERE)
     other = writer.cached_producer(NOWHERE, {"linger.ms": 1})
-    monkeypatch.setattr(kafka, "produce_confirmed",
+    monkeypatch.setattr(kafka, "produce_acked",
                         failing(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER))
     with pytest.raises(KafkaException, match="as librdkafka reports it"):
         writer.produce_cached(NOWHERE, [], 1.0)
@@ -41,7 +41,7 @@ def test_a_producer_failed_for_good_is_forgotten_so_the_next_attempt_makes_a_new
 
 def test_a_producer_that_only_timed_out_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     first = writer.cached_producer(NOWHERE)
-    monkeypatch.setattr(kafka, "produce_confirmed", failing(KafkaError._MSG_TIMED_OUT))
+    monkeypatch.setattr(kafka, "produce_acked", failing(KafkaError._MSG_TIMED_OUT))
     with pytest.raises(KafkaException):
         writer.produce_cached(NOWHERE, [], 1.0)
     assert writer.cached_producer(NOWHERE) is first

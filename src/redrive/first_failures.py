@@ -1,0 +1,115 @@
+"""Routes of records failing for the first time: made once per (topic, error), stamped per record.
+
+A record without redrive's headers has no history: its route depends on its topic, the error and
+the time, and its copy's headers are its own followed by redrive's, of which only the origin
+(partition, offset, timestamp) and the due time differ from record to record. A batch's failures
+mostly share one error (an outage, a bad deploy), so `routing.route`'s general path, which reads
+the history, classifies the error and builds every header anew (about 25 us a record in a Spark
+task), is taken once per (topic, error) here and each record pays for its own fields only. The
+result is the same Route `routing.route` gives, header for header
+(tests/unit/test_first_failures.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redrive import headers as h
+from redrive import topics
+from redrive.errors import MalformedHeader
+from redrive.policy import Disposition, HeaderFormat, RetryPolicy
+from redrive.record import ErrorInfo
+from redrive.routing import DeadLetter, Retry, Route
+
+_Pairs = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
+class _Template:
+    before_origin: _Pairs  # attempt, group, first failure
+    after_origin: _Pairs  # the error's type, message and trace
+    topic_name: bytes
+    dead_reason: str | None  # a reason every record of this (topic, error) is dead-lettered for
+    retry_topic: str | None
+    dead_letter: str | None
+
+
+class FirstFailures:
+    """Routes of first failures in `group` under `policy`, at `now_ms` (one batch's clock).
+
+    `route` answers None where the general path must decide: a record carrying redrive headers
+    (a retry copy, or unreadable ones), an error without a type or a MalformedHeader, and a dead
+    letter whose policy asks for other systems' headers too (they hold the origin).
+    The policy's classifiers see each distinct error once.
+    """
+
+    def __init__(self, policy: RetryPolicy, group: str, now_ms: int) -> None:
+        self.policy = policy
+        self.group = group
+        self.now_ms = now_ms
+        self._templates: dict[tuple[str, ErrorInfo], _Template | None] = {}
+        self._foreign = policy.dead_letter_format is not HeaderFormat.REDRIVE
+        self._last: tuple[str, ErrorInfo, _Template | None] | None = None
+
+    def route(self, topic: str, partition: int, offset: int, timestamp_ms: int | None,
+              headers: Sequence[tuple[str, bytes]], error: ErrorInfo) -> Route | None:
+        for name, _ in headers:
+            if name.startswith(h.PREFIX):
+                return None
+        last = self._last
+        if last is not None and last[1] is error and last[0] == topic:
+            template = last[2]  # the common case: the same error as the record before
+        else:
+            key = (topic, error)
+            if key in self._templates:
+                template = self._templates[key]
+            else:
+                template = self._templates[key] = self._template(topic, error)
+            self._last = (topic, error, template)
+        if template is None:
+            return None
+        reason = template.dead_reason
+        due = 0
+        if reason is None:
+            due = self.now_ms + self.policy.backoff.delay_ms(1)
+            deadline = self.policy.max_retry_period_ms
+            if deadline is not None and due > self.now_ms + deadline:
+                reason = "deadline"
+        if reason is not None and self._foreign:
+            return None
+        built = list(headers)
+        built += template.before_origin
+        built.append((h.ORIGINAL_TOPIC, template.topic_name))
+        built.append((h.ORIGINAL_PARTITION, b"%d" % partition))
+        built.append((h.ORIGINAL_OFFSET, b"%d" % offset))
+        if timestamp_ms is not None and timestamp_ms >= 0:
+            built.append((h.ORIGINAL_TIMESTAMP, b"%d" % timestamp_ms))
+        built += template.after_origin
+        if reason is None:
+            assert template.retry_topic is not None
+            built.append((h.DUE, b"%d" % due))
+            return Retry(template.retry_topic, due, built, 1, partition)
+        built.append((h.REASON, reason.encode()))
+        return DeadLetter(template.dead_letter, built, reason, 1, partition)
+
+    def _template(self, topic: str, error: ErrorInfo) -> _Template | None:
+        if isinstance(error.exception, MalformedHeader) or not error.type_name:
+            return None
+        policy = self.policy
+        plan = topics.plan(policy, topic, self.group)
+        dead_reason = None
+        if policy.disposition(error) is Disposition.DEAD_LETTER:
+            dead_reason = "not-retryable"
+        elif policy.max_attempts <= 1:
+            dead_reason = "exhausted"
+        fields = h.error_fields(error, message_limit=policy.max_error_message_bytes,
+                                trace_limit=policy.max_error_trace_bytes)
+        return _Template(
+            before_origin=[(h.ATTEMPT, b"1"), (h.GROUP, self.group.encode()),
+                           (h.FIRST_FAILURE, b"%d" % self.now_ms)],
+            after_origin=[(name, value.encode()) for name, value in fields.items()],
+            topic_name=topic.encode(),
+            dead_reason=dead_reason,
+            retry_topic=plan.retry_topic_for(1).name if dead_reason is None else None,
+            dead_letter=plan.dead_letter)

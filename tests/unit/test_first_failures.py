@@ -1,0 +1,101 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from redrive import headers as h
+from redrive.errors import MalformedHeader
+from redrive.first_failures import FirstFailures
+from redrive.policy import Backoff, RetryPolicy
+from redrive.policy.classify import message_matches, predicate
+from redrive.record import ErrorInfo, Record
+from redrive.routing import DeadLetter, Retry, route
+
+NOW = 1_700_000_000_000
+
+
+
+def make_policy(backoff: Backoff, attempts: int | None, **rest: object) -> RetryPolicy:
+    if backoff.implied_attempts is not None:
+        attempts = None  # a sequence implies its own count
+    return RetryPolicy(backoff=backoff, attempts=attempts, **rest)  # type: ignore[arg-type]
+
+
+policies = st.builds(
+    make_policy,
+    backoff=st.sampled_from([Backoff.fixed("1s"), Backoff.fixed("1h"),
+                             Backoff.exponential("10ms", jitter=0.5),
+                             Backoff.sequence("2s,10s")]),
+    attempts=st.sampled_from([None, 1, 3]),
+    not_retryable=st.sampled_from([None, "ValueError", message_matches("bad.*")]),
+    max_retry_period=st.sampled_from([None, "1500ms", "1d"]),
+    dead_letter=st.booleans(),
+    max_error_message_bytes=st.sampled_from([0, 5, 1024]),
+    header_format=st.sampled_from(["redrive", "spring"]),
+)
+errors = st.builds(ErrorInfo, type_name=st.sampled_from(["ConnectionError", "ValueError", ""]),
+                   message=st.sampled_from(["down", "bad input", "é" * 40, ""]),
+                   trace=st.sampled_from(["", "Traceback ...\nValueError: bad input"]),
+                   chain=st.sampled_from([(), (("ValueError", "Exception"),)]))
+foreign_headers = st.lists(st.tuples(st.sampled_from(["traceparent", "kafka_dlt-original-topic",
+                                                      "x-redrive-like", "REDRIVE-attempt"]),
+                                     st.binary(max_size=4)), max_size=3)
+
+
+def policy_with_steady_delay(policy: RetryPolicy) -> RetryPolicy:
+    """A jittered backoff gives each record its own due time; both paths must draw the same."""
+    jitter = getattr(policy.backoff, "jitter", 0.0)
+    if jitter:
+        policy.backoff.rng.seed(7)  # type: ignore[attr-defined]
+    return policy
+
+
+@settings(max_examples=400, deadline=None)
+@given(policy=policies, error=errors, pairs=foreign_headers,
+       partition=st.integers(0, 50), offset=st.integers(0, 2**62),
+       timestamp=st.sampled_from([None, -1, 0, NOW - 5]), topic=st.sampled_from(["orders", "a.b"]))
+def test_a_first_failure_routes_as_the_general_path_does(
+        policy: RetryPolicy, error: ErrorInfo, pairs: list[tuple[str, bytes]], partition: int,
+        offset: int, timestamp: int | None, topic: str) -> None:
+    record = Record(topic, partition, offset, timestamp, b"k", b"v", pairs)
+    policy_with_steady_delay(policy)
+    fast = FirstFailures(policy, "billing", NOW).route(topic, partition, offset, timestamp,
+                                                       pairs, error)
+    policy_with_steady_delay(policy)
+    general = route(record, error, policy, NOW, group="billing")
+    if fast is None:
+        # Declined only where the general path must decide.
+        assert not error.type_name or (isinstance(general, DeadLetter)
+                                       and policy.header_format.value == "spring")
+        return
+    assert fast == general
+
+
+def test_each_record_gets_its_own_origin_and_the_error_is_classified_once() -> None:
+    seen: list[ErrorInfo] = []
+
+    def classify(info: ErrorInfo) -> bool:
+        seen.append(info)
+        return False
+
+    policy = RetryPolicy(backoff=Backoff.fixed("5m"), not_retryable=predicate(classify))
+    routes = FirstFailures(policy, "billing", NOW)
+    error = ErrorInfo("ConnectionError", "down")
+    first = routes.route("orders", 0, 10, NOW - 1, [], error)
+    second = routes.route("orders", 1, 11, None, [("trace", b"x")], error)
+    assert isinstance(first, Retry) and isinstance(second, Retry)
+    assert len(seen) == 1
+    assert (first.topic, first.due_ms, first.partition) == ("orders.billing.retry.5m",
+                                                            NOW + 300_000, 0)
+    assert h.read_delivery(first.headers).original.offset == 10  # type: ignore[union-attr]
+    assert h.read_delivery(second.headers).original.offset == 11  # type: ignore[union-attr]
+    assert h.last(second.headers, h.ORIGINAL_TIMESTAMP) is None
+    assert second.headers[0] == ("trace", b"x")
+
+
+def test_records_with_history_or_unreadable_errors_are_left_to_the_general_path() -> None:
+    routes = FirstFailures(RetryPolicy(), "billing", NOW)
+    error = ErrorInfo("ConnectionError", "down")
+    assert routes.route("orders", 0, 1, NOW, [(h.ATTEMPT, b"1")], error) is None
+    assert routes.route("orders", 0, 1, NOW, [(h.ATTEMPT, b"x")], error) is None
+    assert routes.route("orders", 0, 1, NOW, [], ErrorInfo("", "no type")) is None
+    malformed = ErrorInfo.from_exception(MalformedHeader(h.ATTEMPT, b"x", "not a number"))
+    assert routes.route("orders", 0, 1, NOW, [], malformed) is None
