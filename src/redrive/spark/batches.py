@@ -244,7 +244,8 @@ class BatchBody:
         clock.done("ledger")
         here = failed is not None and failed <= ROUTE_HERE_MAX
         return tuple(route_rows(rows, self.connection, self.group, self.route_policy,
-                                self.partitions, already, here=here))
+                                self.partitions, already, here=here,
+                                fetched=partial(clock.done, "fetch")))
 
     def _write_sink(self, successes: Any, batch_id: int) -> None:
         F = functions(successes)

@@ -11,7 +11,7 @@ executors in one job, and the call returns only once the broker acknowledged eve
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -110,16 +110,20 @@ def _require(frame: Any, columns: Iterable[str], why: str) -> None:
 
 def route_rows(rows: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
                partitions: Mapping[str, int], already: frozenset[CopyKey] = frozenset(),
-               *, here: bool = False) -> RouteCounts:
+               *, here: bool = False, fetched: Callable[[], None] | None = None) -> RouteCounts:
     """Route and produce rows in tasks.ROUTING_COLUMNS and count the routes: on the executors,
-    or with `here` in this process, the rows fetched as Arrow (see ROUTE_HERE_MAX)."""
+    or with `here` in this process, the rows fetched as Arrow (see ROUTE_HERE_MAX), after which
+    `fetched` is called (a batch's step clock)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     body = tasks.RouteAndProduce(policy, group, dict(partitions),
                                  connection if isinstance(connection, str) else dict(connection),
                                  already=already)
     if here:
-        found = pa.Table.from_batches(list(body(iter(rows.toArrow().to_batches()))),
+        table = rows.toArrow()
+        if fetched is not None:
+            fetched()
+        found = pa.Table.from_batches(list(body(iter(table.to_batches()))),
                                       schema=tasks.ROUTE_COUNTS_SCHEMA).to_pylist()
     else:
         found = rows.mapInArrow(body, from_arrow_schema(tasks.ROUTE_COUNTS_SCHEMA)).collect()

@@ -89,14 +89,17 @@ def test_transform_routes_errors_from_a_column(spark: Any, bootstrap: str, new_t
     took = time.perf_counter() - started
     assert held_rdds(spark) == held_before  # each batch released what it held
 
-    # Each batch reported where its time went: the steps of every batch, routing in those
-    # that had failures, all inside the run's own time.
-    assert set(stats.step_seconds) == {"ledger", "write", "count", "route"}
+    # Each batch reported where its time went: the steps of every batch, routing (its few
+    # failed rows fetched to the body's process first) in those that had failures, all inside
+    # the run's own time.
+    assert set(stats.step_seconds) == {"ledger", "write", "count", "fetch", "route"}
     assert all(seconds > 0 for seconds in stats.step_seconds.values())
     assert sum(stats.step_seconds.values()) < took
     step_count = "redrive_batch_step_seconds_count"
     assert pipeline.metrics.value(step_count, step="write") == stats.batches
     assert 1 <= pipeline.metrics.value(step_count, step="route") < stats.batches
+    assert pipeline.metrics.value(step_count, step="fetch") \
+        == pipeline.metrics.value(step_count, step="route")
     assert pipeline.metrics.value("redrive_batch_step_seconds_sum", step="write") \
         == pytest.approx(stats.step_seconds["write"])
 
