@@ -64,8 +64,8 @@ def hold(frame: Any, *, as_rows: bool = True) -> Any:
     As rows, a local checkpoint that is not eager, where `persist` builds Spark's in-memory
     columns: a 1M-record batch of the DataFrame form, written and then read again for routing
     (its transform's output persisted), took 7.2 s that way against 9.2 s with the batch
-    persisted too (docs/benchmarks.md). A local checkpoint cannot
-    be computed again if its blocks are lost (an executor gone): the action then fails with
+    persisted too (docs/benchmarks.md). A local checkpoint cannot be computed again if its
+    blocks are lost (an executor gone): the action then fails with
     CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND (see `lost_held_rows`), and the caller holds the batch
     with `as_rows=False`, persisted, to run it again. Release it with `release`.
     """
