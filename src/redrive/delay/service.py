@@ -386,7 +386,7 @@ class DelayService:
                                           consumer.consumer_group_metadata())
             else:
                 assert self._producer is not None
-                kafka.produce_confirmed(self._producer, batch.out)
+                kafka.produce_acked(self._producer, batch.out)
                 consumer.commit(offsets=batch.offsets, asynchronous=False)
         except ProducerFenced as exc:
             raise DelayServiceError(str(exc)) from exc

@@ -298,7 +298,7 @@ class BatchBody:
                 copies.append(copy)
             counts[(row["kind"], row["reason"], row["attempt"], row["topic"])] += 1
         if copies:
-            kafka.produce_confirmed(self._producer(), copies)
+            kafka.produce_acked(self._producer(), copies)
         return tuple(Routed(*key, n) for key, n in counts.items())
 
 

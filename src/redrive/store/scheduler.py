@@ -197,8 +197,8 @@ class Scheduler:
             self.metrics.dead_lettered(row.topic, reason)
         if out:
             try:
-                kafka.produce_confirmed(self._require_producer(), [o for _, o in out],
-                                        self.timeout_s)
+                kafka.produce_acked(self._require_producer(), [o for _, o in out],
+                                    self.timeout_s)
             except (KafkaException, RedriveError) as exc:
                 # What the producer still holds is this pass's rows, pending again when the
                 # pass fails: sent later, they would only be duplicates of the next pass's.

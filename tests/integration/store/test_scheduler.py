@@ -201,7 +201,7 @@ def test_rows_claimed_by_a_scheduler_killed_before_publishing_come_back_after_th
         raise Crash("killed before producing")
 
     with monkeypatch.context() as patch:
-        patch.setattr(kafka, "produce_confirmed", killed)
+        patch.setattr(kafka, "produce_acked", killed)
         patch.setattr(RetryStore, "_release_claims", lambda self, ids: None)  # no cleanup either
         with pytest.raises(Crash):
             scheduler(store, bootstrap).run_once()
@@ -231,7 +231,7 @@ def test_a_pass_that_fails_hands_its_claims_back_at_once(
         raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT))
 
     with monkeypatch.context() as patch:
-        patch.setattr(kafka, "produce_confirmed", unreachable)
+        patch.setattr(kafka, "produce_acked", unreachable)
         with pytest.raises(KafkaException):
             scheduler(store, bootstrap).run_once()
     assert store.counts() == {PENDING: 3}
