@@ -192,6 +192,11 @@ class Metrics:
     def late_by(self, seconds: float) -> None:
         self._lateness.observe(max(0.0, seconds))
 
+    def late_by_all(self, samples: Sequence[float]) -> None:
+        """late_by(seconds) for each of `samples`, under one lock (a poll batch's retries)."""
+        if samples:
+            self._lateness.observe_all([max(0.0, seconds) for seconds in samples])
+
     def handler_took(self, seconds: float) -> None:
         self._handler.observe(seconds)
 

@@ -99,3 +99,38 @@ def test_records_with_history_or_unreadable_errors_are_left_to_the_general_path(
     assert routes.route("orders", 0, 1, NOW, [], ErrorInfo("", "no type")) is None
     malformed = ErrorInfo.from_exception(MalformedHeader(h.ATTEMPT, b"x", "not a number"))
     assert routes.route("orders", 0, 1, NOW, [], malformed) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(policy=policies, error=errors, later_ms=st.integers(0, 10**8))
+def test_a_record_routed_at_its_own_time_gets_that_times_due_and_first_failure(
+        policy: RetryPolicy, error: ErrorInfo, later_ms: int) -> None:
+    # A consumer makes one per poll batch and routes each record at the moment it failed.
+    routes = FirstFailures(policy, "billing", NOW)
+    routes.route("orders", 0, 1, NOW, [], error)  # the template is made at the batch's start
+    at = NOW + later_ms
+    policy_with_steady_delay(policy)
+    fast = routes.route("orders", 0, 2, NOW, [], error, at)
+    policy_with_steady_delay(policy)
+    general = route(Record("orders", 0, 2, NOW, b"k", b"v", []), error, policy, at,
+                    group="billing")
+    assert fast is None or fast == general
+    if isinstance(fast, Retry):
+        assert h.read_delivery(fast.headers).first_failure_ms == at
+        assert fast.due_ms >= at
+
+
+def test_a_raised_error_is_not_kept_with_its_traceback() -> None:
+    # The traceback holds the frames that caught the error, and with them a consumer's batch.
+    routes = FirstFailures(RetryPolicy(), "billing", NOW)
+    try:
+        raise ConnectionError("down")
+    except ConnectionError as exc:
+        error = ErrorInfo.from_exception(exc)
+    again = ErrorInfo(error.type_name, error.message, error.trace, error.chain)
+    assert routes.route("orders", 0, 1, NOW, [], error) is not None
+    assert routes.route("orders", 0, 2, NOW, [], again) is not None
+    kept = [info for _, info in routes._templates] + \
+        ([routes._last[1]] if routes._last is not None else [])
+    assert len(routes._templates) == 1
+    assert all(info.exception is None for info in kept)

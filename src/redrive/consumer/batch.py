@@ -36,6 +36,7 @@ class Batch:
     # the first call of a batch is timed, then one in runtime.HANDLER_SAMPLE.
     until_sample: int = 1
     handler_times: list[float] = field(default_factory=list)  # observed once the batch is done
+    lateness: list[float] = field(default_factory=list)  # retries' seconds past due, likewise
 
     def finish(self, tp: PartitionKey, offset: int) -> None:
         self.finished[tp] = offset

@@ -59,6 +59,7 @@ from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.plain import handle_plain
 from redrive.consumer.readers import CONSUMER_OVERRIDES, Readers
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
+from redrive.first_failures import FirstFailures
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Why
 from redrive.kafka.records import PartitionKey
@@ -162,6 +163,9 @@ class RetryingConsumer:
         self._brake = (None if limit is None else
                        Brake.of(limit, self.group, self.metrics, self._connection))
         self._in_place = InPlaceRetries()
+        # Routes of first failures by main topic, for one poll batch: its distinct errors are
+        # classified once and their headers built once (see redrive.first_failures).
+        self._first_failures: dict[str, FirstFailures] = {}
         # Successes clear in-place state only when some topic's policy retries in place.
         self._in_place_policies = any(self._backend.policy_for(topic, policy).in_place
                                       for topic in self.topics)
@@ -304,11 +308,13 @@ class RetryingConsumer:
         if self._prefetching:
             self._backend.prefetch(self._to_admit(messages))
         batch = Batch()
+        self._first_failures = {}
         try:
             self._handle_records(messages, batch)
         finally:
             # So that the times taken before a BaseException out of a handler are observed too.
             self.metrics.handler_took_all(batch.handler_times)
+            self.metrics.late_by_all(batch.lateness)
         for name, count in batch.processed.items():
             self.metrics.processed(name, count)
         self._require_committer().complete(batch)
@@ -459,7 +465,7 @@ class RetryingConsumer:
                 self._hold(tp, record, delivery.due_ms, Why.DUE)
                 batch.stop(tp)
                 return
-            self.metrics.late_by((started_ms - delivery.due_ms) / 1000.0)
+            batch.lateness.append((started_ms - delivery.due_ms) / 1000.0)
         verdict = self._backend.admit(record)
         if verdict is not Verdict.PROCESS:
             self.metrics.skipped(main, verdict.value)
@@ -506,8 +512,17 @@ class RetryingConsumer:
 
     def _route(self, record: Record, error: Exception | ErrorInfo, tp: PartitionKey,
                batch: Batch, main: str, delivery: Delivery | None) -> None:
-        decision = route(record, error, self._backend.policy_for(main, self.policy), now_ms(),
-                         group=self.group, delivery=delivery)
+        policy = self._backend.policy_for(main, self.policy)
+        at = now_ms()
+        decision = None
+        if delivery is NO_HISTORY and isinstance(error, ErrorInfo):
+            first = self._first_failures.get(main)
+            if first is None:
+                first = self._first_failures[main] = FirstFailures(policy, self.group, at)
+            decision = first.route(record.topic, record.partition, record.offset,
+                                   record.timestamp_ms, record.headers, error, at)
+        if decision is None:
+            decision = route(record, error, policy, at, group=self.group, delivery=delivery)
         if isinstance(decision, DeadLetter) and self._brake is not None and self._brake.stops(
                 self._require_consumer(), self._holds, tp, record, main):
             self.metrics.paused_partitions(len(self._holds))
