@@ -58,8 +58,8 @@ from redrive.consumer.committer import Committer
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.plain import handle_plain
 from redrive.consumer.readers import CONSUMER_OVERRIDES, Readers
+from redrive.consumer.routes import Routes
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
-from redrive.first_failures import FirstFailures
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Why
 from redrive.kafka.records import PartitionKey
@@ -67,7 +67,7 @@ from redrive.kafka.transactions import TransactionalProducer
 from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, new_record
-from redrive.routing import DeadLetter, route
+from redrive.routing import DeadLetter
 from redrive.signals import stop_on_signals
 from redrive.topics import check_name, check_names, plans
 
@@ -163,9 +163,7 @@ class RetryingConsumer:
         self._brake = (None if limit is None else
                        Brake.of(limit, self.group, self.metrics, self._connection))
         self._in_place = InPlaceRetries()
-        # Routes of first failures by main topic, for one poll batch: its distinct errors are
-        # classified once and their headers built once (see redrive.first_failures).
-        self._first_failures: dict[str, FirstFailures] = {}
+        self._routes = Routes(self._backend, policy, self.group)
         # Successes clear in-place state only when some topic's policy retries in place.
         self._in_place_policies = any(self._backend.policy_for(topic, policy).in_place
                                       for topic in self.topics)
@@ -308,7 +306,7 @@ class RetryingConsumer:
         if self._prefetching:
             self._backend.prefetch(self._to_admit(messages))
         batch = Batch()
-        self._first_failures = {}
+        self._routes.new_batch()
         try:
             self._handle_records(messages, batch)
         finally:
@@ -512,17 +510,7 @@ class RetryingConsumer:
 
     def _route(self, record: Record, error: Exception | ErrorInfo, tp: PartitionKey,
                batch: Batch, main: str, delivery: Delivery | None) -> None:
-        policy = self._backend.policy_for(main, self.policy)
-        at = now_ms()
-        decision = None
-        if delivery is NO_HISTORY and isinstance(error, ErrorInfo):
-            first = self._first_failures.get(main)
-            if first is None:
-                first = self._first_failures[main] = FirstFailures(policy, self.group, at)
-            decision = first.route(record.topic, record.partition, record.offset,
-                                   record.timestamp_ms, record.headers, error, at)
-        if decision is None:
-            decision = route(record, error, policy, at, group=self.group, delivery=delivery)
+        decision = self._routes.route(record, error, main, delivery)
         if isinstance(decision, DeadLetter) and self._brake is not None and self._brake.stops(
                 self._require_consumer(), self._holds, tp, record, main):
             self.metrics.paused_partitions(len(self._holds))
