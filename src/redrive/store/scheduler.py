@@ -132,16 +132,21 @@ class Scheduler:
     def run_once(self) -> Pass:
         """Publish what is due now (up to batch_size rows) and deliver pending notifications."""
         published, expired, lateness = 0, 0, list[int]()
-        oldest = self.store.oldest_pending_due_ms()
         at = now_ms()
-        # How long the most overdue retry had waited past its due time when the pass began (0
-        # when none was due): asked once a pass, as the next pass asks again at once.
-        self.metrics.oldest_pending_retry(0.0 if oldest is None else max(0, at - oldest) / 1000)
-        # Rows are claimed in a writing transaction only when some are due: on SQLite it takes
-        # the database's one write lock, which the runtimes' batches would wait for.
-        if oldest is not None and oldest <= at:
+        # After a pass that took a whole batch more are likely due, and its marks need a writing
+        # transaction anyway: the claim goes first, without asking.
+        asked = self._unsettled is None
+        if asked:
+            oldest = self.store.oldest_pending_due_ms()
+            self._overdue(oldest, at)
+        # Otherwise rows are claimed in a writing transaction only when some are due: on SQLite
+        # it takes the database's one write lock, which the runtimes' batches would wait for.
+        if not asked or (oldest is not None and oldest <= at):
             with self.store.take_due(self.batch_size, settling=self._unsettled) as batch:
                 self._unsettled = None
+                if not asked:
+                    # Claimed earliest due first: the first row is the most overdue.
+                    self._overdue(batch.rows[0].due_ms if batch.rows else None, at)
                 published, expired, lateness = self._dispatch(batch)
                 if len(batch.rows) == self.batch_size:
                     # More are likely due and the next pass follows at once: its claim writes
@@ -153,6 +158,12 @@ class Scheduler:
             self._settle()
         notified = self.notifier.deliver(self.store)
         return Pass(published, expired, notified, tuple(lateness))
+
+    def _overdue(self, oldest_due_ms: int | None, at: int) -> None:
+        """How long the most overdue retry had waited past its due time when the pass began (0
+        when none was due)."""
+        self.metrics.oldest_pending_retry(
+            0.0 if oldest_due_ms is None else max(0, at - oldest_due_ms) / 1000)
 
     def _settle(self) -> None:
         if self._unsettled is not None:

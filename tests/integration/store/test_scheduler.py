@@ -260,7 +260,7 @@ def test_a_whole_batch_is_marked_dispatched_with_the_next_claim(
     assert store.counts() == {IN_FLIGHT: 2, PENDING: 3}
     writes.clear()
     assert runner.run_once().published == 2
-    assert writes == [False, True]  # the oldest due time, then one claim that also marks
+    assert writes == [True]  # one claim that also marks; nothing asked before it
     assert dispatched() == {0: 1, 1: 1}
 
     def down(*args: Any, **kwargs: Any) -> None:
@@ -372,11 +372,17 @@ def test_every_dead_record_is_notified_once_by_hook_and_webhook(
 
 
 def test_the_oldest_overdue_retry_is_reported(store: RetryStore, bootstrap: str,
-                                              new_topic: NewTopic,
-                                              unique_name: UniqueName) -> None:
+                                              new_topic: NewTopic, unique_name: UniqueName,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     topic, group = new_topic(), unique_name("overdue")
     store.write([entry(group, topic, o, due_ms=now_ms() - 60_000 + o) for o in range(3)], [])
     runner = scheduler(store, bootstrap, batch_size=1)
+    asked: list[int | None] = []
+
+    def oldest_pending_due_ms() -> int | None:
+        asked.append(found := RetryStore.oldest_pending_due_ms(store))
+        return found
+    monkeypatch.setattr(store, "oldest_pending_due_ms", oldest_pending_due_ms)
     # Measured as each pass begins: the three rows are ~60 s overdue, and two stay so after it.
     assert runner.run_once().published == 1
     assert 59 <= runner.metrics.value("redrive_oldest_pending_retry_seconds") < 120
@@ -385,6 +391,11 @@ def test_the_oldest_overdue_retry_is_reported(store: RetryStore, bootstrap: str,
     assert 59 <= runner.metrics.value("redrive_oldest_pending_retry_seconds") < 120
     assert runner.run_once().published == 0  # the next pass finds none
     assert runner.metrics.value("redrive_oldest_pending_retry_seconds") == 0
+    # Only the first pass asked: each later one followed a whole batch and claimed at once,
+    # reading the gauge from what it claimed. After a pass that took less, the next one asks.
+    assert len(asked) == 1
+    assert runner.run_once().published == 0
+    assert asked[1:] == [None]
     runner.close()
 
 
