@@ -3,6 +3,7 @@ malformed headers, and the due gate holding a partition while the others go on."
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -92,6 +93,36 @@ def test_retry_then_success_and_exhaustion_to_dead_letter(
     retried = {name: len(read_all(bootstrap, name)) for name in topic_plan.retry_topic_names}
     assert retried == {f"{topic}.{group}.retry.300ms": 3, f"{topic}.{group}.retry.600ms": 2}
     assert committed(bootstrap, group, topic) == {0: -1001, 1: 4}
+
+
+def test_each_failure_of_a_slow_batch_is_stamped_with_the_time_it_failed(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
+    # First failures are routed from one template per batch and error; their first-failure
+    # and due times must still be each record's own, or a slow batch would shorten the backoff.
+    topic, group = new_topic(), unique_name("slow")
+    policy = RetryPolicy(backoff=Backoff.fixed("30s"))
+    failed_at: dict[bytes, int] = {}
+
+    def handler(record: Record) -> None:
+        time.sleep(0.3)
+        failed_at[record.value or b""] = time.time_ns() // 1_000_000
+        raise Transient("the same error for every record")
+
+    produce(bootstrap, topic, [b"a", b"b", b"c"])
+    run = running(RetryingConsumer(bootstrap, topic, group, policy, handler, config=FAST_GROUP))
+    copies = read_all(bootstrap, f"{topic}.{group}.retry.30s", expect=3, timeout_s=20)
+    wait_until(lambda: run.total("redrive_retried_total") == 3, 10, "3 retries counted")
+    run.stop()
+
+    firsts = []
+    for copy in sorted(copies, key=lambda c: int(c.header(h.ORIGINAL_OFFSET) or -1)):
+        first = int(copy.header(h.FIRST_FAILURE) or 0)
+        assert failed_at[copy.value or b""] <= first <= failed_at[copy.value or b""] + 1000
+        assert int(copy.header(h.DUE) or 0) == first + 30_000
+        assert copy.header(h.ERROR_MESSAGE) == "the same error for every record"
+        firsts.append(first)
+    assert [b - a >= 250 for a, b in itertools.pairwise(firsts)] == [True, True]
+    assert committed(bootstrap, group, topic) == {0: 3}
 
 
 def test_not_retryable_and_malformed_go_straight_to_dead_letter(
