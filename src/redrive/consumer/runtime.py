@@ -88,7 +88,6 @@ CONFIRM_POLL_S = 0.01
 RETRY_POLL_S = 0.02
 
 
-
 class RetryingConsumer:
     """Consume `topics` in `group`, calling `handler` once per record, retrying failures.
 
