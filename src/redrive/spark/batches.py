@@ -82,15 +82,16 @@ class BatchBody:
         return ledger.ledger_topic(self.group)
 
     def __call__(self, frame: Any, batch_id: int) -> None:
+        taken: dict[str, int] = {}  # the marks this process took before it first copied
         try:
-            self._handle(frame, batch_id)
+            self._handle(frame, batch_id, taken)
         except Exception as exc:
             if lost_held_rows(exc):
                 # An executor holding part of the batch is gone: the batch runs again, its
                 # rows persisted this time, which Spark can compute again if lost.
                 log.warning("pipeline %s: batch %d: rows held for it were lost (%s); the batch "
                             "runs again, persisted", self.group, batch_id, exc)
-                self._handle(frame, batch_id, as_rows=False)
+                self._handle(frame, batch_id, taken, as_rows=False)
                 return
             if not producer_failed(exc):
                 raise
@@ -101,9 +102,10 @@ class BatchBody:
             log.warning("pipeline %s: batch %d: a producer failed for good (%s); new producers "
                         "run the batch again", self.group, batch_id, exc)
             drop_cached_producers()
-            self._handle(frame, batch_id)
+            self._handle(frame, batch_id, taken)
 
-    def _handle(self, frame: Any, batch_id: int, *, as_rows: bool = True) -> None:
+    def _handle(self, frame: Any, batch_id: int, taken: dict[str, int], *,
+                as_rows: bool = True) -> None:
         clock = StepClock()
         previous = ledger.last(self.connection, self.ledger_topic)
         clock.done("ledger")
@@ -113,13 +115,21 @@ class BatchBody:
             log.info("pipeline %s: batch %d was handled before a restart", self.group, batch_id)
             return
         resumed = previous if previous is not None and previous.batch == batch_id else None
+        if resumed is None and taken:
+            # An earlier attempt in this process marked the routing and began copying, and the
+            # ledger lost the entry: a broker restarted without acknowledged writes (noida-db
+            # keeps what it wrote out before a SIGKILL, topic by topic, so copies may outlive
+            # the entry before them). Its copies since those marks are this batch's own.
+            resumed = ledger.Entry(batch_id, ledger.ROUTING, dict(taken),
+                                   {"checkpoint": self.checkpoint})
+            ledger.append(self._producer(), self.ledger_topic, resumed)
         report = BatchReport(batch_id)
         if self.backend is not None:
             frame = frame.persist()
             try:
                 skip = self._admit(frame)
                 clock.done("admit")
-                report = self._functions(frame, batch_id, skip, None, clock)
+                report = self._functions(frame, batch_id, skip, None, clock, taken)
                 self.backend.flush()  # outcomes stored before Spark commits the batch
                 clock.done("store")
             except BaseException:
@@ -128,9 +138,9 @@ class BatchBody:
             finally:
                 frame.unpersist()
         elif self.transform is not None:
-            report = self._transformed(frame, batch_id, resumed, clock, as_rows)
+            report = self._transformed(frame, batch_id, resumed, clock, as_rows, taken)
         else:
-            report = self._functions(frame, batch_id, {}, resumed, clock)
+            report = self._functions(frame, batch_id, {}, resumed, clock, taken)
         report = replace(report, steps=tuple(clock.steps))
         data = {**report.to_dict(), "checkpoint": self.checkpoint}
         ledger.append(self._producer(), self.ledger_topic, ledger.Entry(batch_id, ledger.DONE,
@@ -142,7 +152,8 @@ class BatchBody:
     # --- the per-record and pandas forms -------------------------------------------------------
 
     def _functions(self, frame: Any, batch_id: int, skip: dict[tasks.Coordinates, str],
-                   resumed: ledger.Entry | None, clock: StepClock) -> BatchReport:
+                   resumed: ledger.Entry | None, clock: StepClock,
+                   taken: dict[str, int]) -> BatchReport:
         processed = self._processed(frame, skip).persist()
         F = functions(processed)
         try:
@@ -155,7 +166,7 @@ class BatchBody:
                 failed = (processed.where(F.col("status") == FAILED)
                           .select(*tasks.ROUTING_COLUMNS))
                 routes = (self._route_to_backend(failed) if self.backend is not None
-                          else self._route(failed, batch_id, resumed, clock))
+                          else self._route(failed, batch_id, resumed, clock, taken))
                 clock.done("route")
             if self.backend is not None:
                 for record in _records(processed.where((F.col("status") == OK)
@@ -185,7 +196,7 @@ class BatchBody:
     # --- the DataFrame form --------------------------------------------------------------------
 
     def _transformed(self, frame: Any, batch_id: int, resumed: ledger.Entry | None,
-                     clock: StepClock, as_rows: bool) -> BatchReport:
+                     clock: StepClock, as_rows: bool, taken: dict[str, int]) -> BatchReport:
         F = functions(frame)
         assert self.transform is not None
         tally = BatchTally(frame, self.group, self.topics, now_ms())
@@ -211,7 +222,8 @@ class BatchBody:
                 rows = routing_rows(output, self.error_column, source=held)
                 if bad:
                     rows = rows.unionByName(routing_rows(held.where(malformed), None))
-                routes = self._route(rows, batch_id, resumed, clock, tallied.failed + bad)
+                routes = self._route(rows, batch_id, resumed, clock, taken,
+                                     tallied.failed + bad)
                 clock.done("route")
         finally:
             if output is not None:
@@ -223,9 +235,10 @@ class BatchBody:
     # --- routing and the sink ------------------------------------------------------------------
 
     def _route(self, rows: Any, batch_id: int, resumed: ledger.Entry | None, clock: StepClock,
-               failed: int | None = None) -> tuple[Routed, ...]:
+               taken: dict[str, int], failed: int | None = None) -> tuple[Routed, ...]:
         """Copy failed rows with confirmation; a resumed batch skips copies already written.
-        `failed`, when the batch has counted them, lets few be routed in this process."""
+        The marks taken before copying are kept in `taken` too, for a run again in this
+        process. `failed`, when the batch has counted them, lets few be routed here."""
         already: frozenset[ledger.CopyKey] = frozenset()
         if resumed is not None and resumed.state == ledger.ROUTING:
             already = frozenset(ledger.copies_since(self.connection, resumed.marks))
@@ -238,6 +251,7 @@ class BatchBody:
                 marks = ledger.ends(consumer, counts)
             finally:
                 consumer.close()
+            taken.update(marks)
             ledger.append(self._producer(), self.ledger_topic,
                           ledger.Entry(batch_id, ledger.ROUTING, marks,
                                        {"checkpoint": self.checkpoint}))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from pyspark import cloudpickle
 from pyspark.sql.pandas.types import to_arrow_type
 
@@ -25,7 +26,7 @@ from redrive.routing import route
 from redrive.spark import RetryPipeline, retry_stream, route_failures
 from redrive.spark.batches import BatchBody
 from redrive.spark.columns import arrow_type, with_redrive_column
-from redrive.spark.ledger import ROUTING, Entry, append, ledger_topic
+from redrive.spark.ledger import DONE, ROUTING, Entry, append, ledger_topic
 from redrive.spark.options import HEADERS_TYPE
 from redrive.spark.sql import functions
 from redrive.spark.tally import BatchTally
@@ -352,4 +353,46 @@ def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
     assert spark.read.parquet(str(tmp_path / "out")).count() == 4
     # another query's batch 0 into the same sink replaces that batch's rows, adds none
     replace(body, checkpoint="another")(frame, 0)
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 4
+
+
+def test_a_batch_run_again_after_its_ledger_entry_was_lost_copies_nothing_twice(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker restart can lose an acknowledged write (noida-db after a SIGKILL): here the
+    batch's routing entry in the ledger, while its three copies stay; the batch's producer then
+    fails for good and new producers run the batch again. The run again takes the marks its
+    first attempt took, finds the three copies since them and writes none again."""
+    topic = new_topic()
+    group = unique_name("lostentry")
+    produce(bootstrap, topic, ["ok"] * 4 + ["bad"] * 3)
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
+                             sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"))
+    pipeline.ensure_topics()
+    body: BatchBody = pipeline.body()
+    frame = spark.read.format("redrive-kafka").options(
+        **{"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true",
+           "redrive.decodeHeaders": "true", "startingOffsets": "earliest",
+           "endingOffsets": "latest"}).load()
+    written = append
+    calls: list[str] = []
+
+    def losing(producer: Any, name: str, entry: Entry) -> None:
+        calls.append(entry.state)
+        if calls == [ROUTING]:
+            return  # acknowledged, then lost with the broker
+        if len(calls) == 2:
+            raise KafkaException(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                            "state lost", fatal=True))
+        written(producer, name, entry)
+
+    monkeypatch.setattr("redrive.spark.ledger.append", losing)
+    body(frame, 0)
+
+    dlt = f"{topic}.{group}.dlt"
+    copies = read_all(bootstrap, dlt)
+    assert sorted(h.read_delivery(kafka.message_headers(m)).original.offset  # type: ignore
+                  for m in copies) == [4, 5, 6]
+    # first attempt: routing (lost), done (failed); again: routing with its marks, then done
+    assert calls == [ROUTING, DONE, ROUTING, DONE]
     assert spark.read.parquet(str(tmp_path / "out")).count() == 4

@@ -5,9 +5,12 @@ dead-lettered once, each retry copied once, and nothing before its due time.
 
 BROKER_KILL_TESTS=1 adds the broker SIGKILLed and started again on its data dir, which loses the
 idempotent producers' state: the batch body's producers fail for good and new ones run the batch
-again. It is not in `make test`: in 7 runs on 2026-11-25 it passed 5 times; once two flaky
-records' retries were written twice, once the batch failed again after the new producers took
-over (see the issue note)."""
+again. It is not in `make test`: whether the kill falls where a producer fails is a matter of
+timing. Until 2026-11-26 it wrote two flaky records' retries twice in 3 of 13 runs: noida-db had
+lost the batch's routing entry in the ledger and kept the copies written after it. A batch run
+again now takes the marks its first attempt took; test_dataframe_form.py shows it with the entry
+dropped on purpose. 37 runs since passed, but in the 17 of them that were instrumented the kill
+never fell where a producer fails, so those runs do not show the change."""
 
 from __future__ import annotations
 
