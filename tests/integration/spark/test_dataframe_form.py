@@ -316,28 +316,34 @@ def test_the_tally_is_observed_as_the_batch_is_written(spark: Any) -> None:
     assert not elsewhere.observed and classes(elsewhere) == classes(by_job)
 
 
-def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
-        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
-    """Batch 0 is cut short after one of its three copies; its replay writes the other two,
-    and a second replay of a finished batch writes nothing."""
-    topic = new_topic()
-    group = unique_name("replay")
+def four_ok_three_bad(spark: Any, bootstrap: str, topic: str, group: str,
+                      tmp_path: Path) -> tuple[BatchBody, Any]:
+    """A DataFrame-form pipeline's body, its topics made, and its batch: four good records,
+    then three the transform fails as not retryable (offsets 4-6)."""
     produce(bootstrap, topic, ["ok"] * 4 + ["bad"] * 3)
     pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
                              sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"))
     pipeline.ensure_topics()
-    body: BatchBody = pipeline.body()
     frame = spark.read.format("redrive-kafka").options(
         **{"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true",
            "redrive.decodeHeaders": "true", "startingOffsets": "earliest",
            "endingOffsets": "latest"}).load()
+    return pipeline.body(), frame
+
+
+def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """Batch 0 is cut short after one of its three copies; its replay writes the other two,
+    and a second replay of a finished batch writes nothing."""
+    topic, group = new_topic(), unique_name("replay")
+    body, frame = four_ok_three_bad(spark, bootstrap, topic, group, tmp_path)
     dlt = f"{topic}.{group}.dlt"
     # the first run marked the routing and wrote one copy before it died
     consumer = kafka.consumer(bootstrap)
     marks = {f"{dlt}:0": kafka.watermarks(consumer, dlt, 0)[1]}
     consumer.close()
     append(kafka.producer(bootstrap), ledger_topic(group),
-           Entry(0, ROUTING, marks, {"checkpoint": pipeline.checkpoint}))
+           Entry(0, ROUTING, marks, {"checkpoint": body.checkpoint}))
     first = transform(frame).where("error IS NOT NULL").select("offset").orderBy("offset").first()
     row = frame.where(f"offset = {first['offset']}").first().asDict()
     decision = route(record_of(row), ErrorInfo("ParseError", "cannot parse"), POLICY, 0,
@@ -363,17 +369,8 @@ def test_a_batch_run_again_after_its_ledger_entry_was_lost_copies_nothing_twice(
     batch's routing entry in the ledger, while its three copies stay; the batch's producer then
     fails for good and new producers run the batch again. The run again takes the marks its
     first attempt took, finds the three copies since them and writes none again."""
-    topic = new_topic()
-    group = unique_name("lostentry")
-    produce(bootstrap, topic, ["ok"] * 4 + ["bad"] * 3)
-    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
-                             sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"))
-    pipeline.ensure_topics()
-    body: BatchBody = pipeline.body()
-    frame = spark.read.format("redrive-kafka").options(
-        **{"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true",
-           "redrive.decodeHeaders": "true", "startingOffsets": "earliest",
-           "endingOffsets": "latest"}).load()
+    topic, group = new_topic(), unique_name("lostentry")
+    body, frame = four_ok_three_bad(spark, bootstrap, topic, group, tmp_path)
     written = append
     calls: list[str] = []
 
