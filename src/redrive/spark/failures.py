@@ -68,6 +68,14 @@ def check_error_column(schema: Any, name: str) -> None:
                               "expected struct<type: string, message: string>")
 
 
+def check_transform_output(frame: Any, error_column: str) -> None:
+    """What RetryPipeline needs of a transform's output, checked on its schema: the error
+    column, and the record's identity, by which a failed row's record is found in the batch."""
+    check_error_column(frame.schema, error_column)
+    _require(frame, IDENTITY, "the failed rows are found in the batch by these columns; "
+             "keep them in the transform's output")
+
+
 def routing_rows(frame: Any, error_column: str | None, source: Any = None) -> Any:
     """The failed rows of `frame` in the routing job's columns (tasks.ROUTING_COLUMNS).
 
@@ -96,7 +104,8 @@ def routing_rows(frame: Any, error_column: str | None, source: Any = None) -> An
         _require(frame, _KAFKA_COLUMNS, "route_failures needs the record's Kafka columns "
                  "(or pass source= the batch they came from)")
         return frame.where(failed).select(*_KAFKA_COLUMNS, *errors)
-    _require(frame, IDENTITY, "the failed rows are found in the batch by these columns")
+    _require(frame, IDENTITY, "the failed rows are found in the batch by these columns; "
+             "keep them in the transform's output")
     keys = frame.where(failed).select(*IDENTITY, *errors)
     joined = source.select(*_KAFKA_COLUMNS).join(F.broadcast(keys), list(IDENTITY))
     return joined.select(*tasks.ROUTING_COLUMNS)

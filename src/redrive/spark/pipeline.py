@@ -31,7 +31,7 @@ from redrive.policy import RetryPolicy
 from redrive.signals import stop_on_signals
 from redrive.spark import ledger, tasks
 from redrive.spark.batches import BatchBody, Sink, Transform
-from redrive.spark.failures import check_error_column
+from redrive.spark.failures import check_transform_output
 from redrive.spark.outcomes import OK, RETRY, SKIPPED, BatchReport, PipelineStats
 from redrive.spark.sql import is_remote
 from redrive.spark.stream import Subscription
@@ -191,11 +191,12 @@ class RetryPipeline:
         return self._query
 
     def _check_transform(self, frame: Any) -> None:
-        """Fail at start, not at the first batch, on a transform returning no error column or
-        one of the wrong type: its output schema is known without running it."""
+        """Fail at start, not at the first batch with a failure, on a transform returning no
+        error column, one of the wrong type, or no record identity: its output schema is known
+        without running it."""
         assert self.transform is not None
         empty = self.spark.createDataFrame([], frame.schema)
-        check_error_column(self.transform(empty).schema, self.error_column)
+        check_transform_output(self.transform(empty), self.error_column)
 
     # --- what each batch reported ------------------------------------------------------------
 

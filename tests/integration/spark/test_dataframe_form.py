@@ -213,6 +213,10 @@ def test_transform_is_checked_before_starting(spark: Any, bootstrap: str, new_to
         pipeline(lambda frame: frame.select("key")).start()
     with pytest.raises(InvalidArgument, match=r"error string.*struct<type: string"):
         pipeline(lambda frame: frame.selectExpr("key", "'x' AS error")).start()
+    # without the record's identity a failed row could not be routed: found at start, not at
+    # the first batch with a failure
+    with pytest.raises(InvalidArgument, match=r"columns='offset'.*keep them in the transform"):
+        pipeline(lambda frame: transform(frame).drop("offset")).start()
     in_place = RetryPolicy(in_place=InPlace(on=TimeoutError, retries=1))
     with pytest.raises(InvalidArgument, match=r"policy.in_place"):
         pipeline(transform, in_place)

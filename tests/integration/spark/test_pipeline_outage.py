@@ -30,6 +30,7 @@ from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, RetryPolicy
 from redrive.spark import RetryPipeline, ledger
 from redrive.spark.outcomes import DEAD_LETTER, OK, BatchReport, Outcomes, Routed
+from redrive.spark.sql import functions
 
 from ..background import Background
 from .test_pipeline import read_all
@@ -59,6 +60,33 @@ def handle(record: dict[str, Any]) -> dict[str, Any]:
     return {"key": record["key"].decode(), "attempt": record["attempt"]}
 
 
+def transform(frame: Any) -> Any:
+    """handle's behaviour in the DataFrame form: the error is a column, not a raise."""
+    F = functions(frame)
+
+    kind = F.split(F.col("value").cast("string"), ":")[0]
+
+    def error(type_name: str, message: str) -> Any:
+        return F.struct(F.lit(type_name).alias("type"), F.lit(message).alias("message"))
+
+    failed = (F.when(kind == "poison", error("ValueError", "poison record"))
+              .when((kind == "flaky") & (F.col("redrive.attempt") < 1),
+                    error("ConnectionError", "upstream down")))
+    return frame.select(F.col("key").cast("string").alias("key"),
+                        F.col("redrive.attempt").cast("int").alias("attempt"),
+                        "topic", "partition", "offset", failed.alias("error"))
+
+
+def pipeline_of(form: str, spark: Any, bootstrap: str, topic: str, group: str,
+                tmp_path: Path) -> RetryPipeline:
+    logic: dict[str, Any] = (
+        {"function": handle, "output_schema": "key string, attempt int"} if form == "function"
+        else {"transform": transform})
+    return RetryPipeline(spark, bootstrap, topic, group, POLICY, **logic,
+                         sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"),
+                         max_offsets_per_trigger=100, trigger_interval="300 milliseconds")
+
+
 def produce(bootstrap: str, topic: str, numbers: range) -> dict[str, str]:
     sent = {f"k{i}": kind_of(i) for i in numbers}
     kafka.produce_confirmed(kafka.producer(bootstrap), [
@@ -76,20 +104,19 @@ def outage(broker: DevBroker, how: str) -> None:
     broker.pause(OUTAGE_S)
 
 
+@pytest.mark.parametrize("form", ["function", "frame"])
 @pytest.mark.parametrize("how", ["stop", "kill"] if os.environ.get("BROKER_KILL_TESTS")
                          else ["stop"])
 def test_a_broker_outage_mid_stream_loses_and_repeats_nothing(
-        spark: Any, own_broker: DevBroker, unique_name: Any, tmp_path: Path, how: str) -> None:
+        spark: Any, own_broker: DevBroker, unique_name: Any, tmp_path: Path, how: str,
+        form: str) -> None:
     bootstrap = own_broker.bootstrap
     topic = unique_name("outage")
     kafka.create_topics(kafka.admin(bootstrap), {topic: 2})
     group = unique_name("outage-g")
     sent = produce(bootstrap, topic, range(RECORDS // 2))
     sink = tmp_path / "out"
-    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, function=handle,
-                             output_schema="key string, attempt int", sink=str(sink),
-                             checkpoint=str(tmp_path / "cp"), max_offsets_per_trigger=100,
-                             trigger_interval="300 milliseconds")
+    pipeline = pipeline_of(form, spark, bootstrap, topic, group, tmp_path)
     expected_ok = {f"k{i}" for i in range(RECORDS) if kind_of(i) != "poison"}
     running = Background(pipeline)
     try:
