@@ -156,7 +156,10 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
 
     Call it inside your own foreachBatch, on the DataFrame your transform made of the batch
     `retry_stream` gave you. Returns once every copy is acknowledged (raises otherwise, so Spark
-    does not commit the batch), with the number of records per route.
+    does not commit the batch), with the number of records per route. A record with several
+    failed rows is copied once where its rows share a partition of `batch`; after a shuffle (a
+    join, a repartition), pass `source=` the batch `retry_stream` gave you, from which the
+    failed records are then joined.
     """
     topics.check_name("group", group)
     check_instance("policy", policy, RetryPolicy, "a RetryPolicy")

@@ -363,9 +363,17 @@ class RouteAndProduce:
         counts: Counter[tuple[str, str | None, int, str | None, str, int]] = Counter()
 
         def copies() -> Iterator[kafka.OutRecord]:
+            # A transform may make several rows of one record (explode) and fail more than one:
+            # the record is routed once, by the first of them. Joined from the batch, its rows
+            # come to the one task that reads the record.
+            routed: set[tuple[str, int, int]] = set()
             for batch in batches:
                 first = FirstFailures(self.policy, self.group, now_ms())
                 for record, error in failures(batch):
+                    place = (record.topic, record.partition, record.offset)
+                    if place in routed:
+                        continue
+                    routed.add(place)
                     decision, kind, reason, partition = _routed(record, error, first,
                                                                 self.partitions)
                     counts[(kind, reason, decision.attempt, decision.topic, record.topic,

@@ -8,6 +8,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,52 @@ def test_a_transform_whose_errors_differ_each_time_loses_nothing(
     assert 0 < len(retried) < len(sent)
     assert sorted(written + retried) == sorted(sent)  # each record written or copied, once
     assert stats.retried == len(retried) and stats.succeeded == len(written)
+
+
+def lines(frame: Any, all_or_none: bool) -> Any:
+    """A record's value is a list of lines ("a,bad,b:key"), each a row; a "bad" line fails the
+    record's first delivery. With `all_or_none`, every line of a failed record carries its error.
+    """
+    from pyspark.sql import Window
+
+    F = functions(frame)
+    listed = F.split(F.split(F.col("value").cast("string"), ":")[0], ",")
+    rows = frame.select("topic", "partition", "offset", F.col("key").cast("string").alias("key"),
+                        F.col("redrive.attempt").alias("attempt"), F.explode(listed).alias("line"))
+    error = F.when((F.col("line") == "bad") & (F.col("attempt") < 1),
+                   F.struct(F.lit("TimeoutError").alias("type"),
+                            F.concat(F.lit("line "), F.col("line")).alias("message")))
+    if all_or_none:
+        error = F.first(error, ignorenulls=True).over(
+            Window.partitionBy("topic", "partition", "offset"))
+    return rows.withColumn("error", error)
+
+
+@pytest.mark.parametrize("all_or_none", [False, True])
+def test_a_record_with_several_failed_rows_is_copied_once(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path,
+        all_or_none: bool) -> None:
+    topic = new_topic(partitions=2)
+    group = unique_name("lines")
+    produce(bootstrap, topic, ["a,b,c", "a,bad,bad", "bad,b"])
+    sink = str(tmp_path / "out")
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY,
+                             transform=partial(lines, all_or_none=all_or_none), sink=sink,
+                             checkpoint=str(tmp_path / "cp"), trigger_interval="300 milliseconds")
+    stats = pipeline.run(until=lambda s: s.finished >= 3, timeout_s=90)
+
+    copies = [m.key().decode() for m in read_all(bootstrap, f"{topic}.{group}.retry.1s")]
+    assert sorted(copies) == ["k1", "k2"]  # k1 failed two rows: one copy
+    assert stats.retried_by_attempt == {1: 2}
+    assert stats.succeeded_by_retries == {0: 1, 1: 2}
+    written = Counter((row["key"], row["line"], row["attempt"])
+                      for row in spark.read.parquet(sink).collect())
+    retried = Counter({("k1", "a", 1): 1, ("k1", "bad", 1): 2, ("k2", "bad", 1): 1,
+                       ("k2", "b", 1): 1})
+    first_try = Counter({("k0", "a", 0): 1, ("k0", "b", 0): 1, ("k0", "c", 0): 1})
+    if not all_or_none:  # a failed record's good rows are written at each try
+        first_try.update({("k1", "a", 0): 1, ("k2", "b", 0): 1})
+    assert written == first_try + retried
 
 
 def test_transform_is_checked_before_starting(spark: Any, bootstrap: str, new_topic: Any,
