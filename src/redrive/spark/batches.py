@@ -30,7 +30,7 @@ from redrive.policy import RetryPolicy
 from redrive.record import Record
 from redrive.routing import DeadLetter, Retry, Route
 from redrive.spark import ledger, tasks
-from redrive.spark.failures import ROUTE_HERE_MAX, route_rows, routing_rows
+from redrive.spark.failures import IDENTITY, ROUTE_HERE_MAX, route_rows, routing_rows
 from redrive.spark.outcomes import (
     DEAD_LETTER,
     FAILED,
@@ -125,18 +125,13 @@ class BatchBody:
             ledger.append(self._producer(), self.ledger_topic, resumed)
         report = BatchReport(batch_id)
         if self.backend is not None:
-            frame = frame.persist()
             try:
-                skip = self._admit(frame)
-                clock.done("admit")
-                report = self._functions(frame, batch_id, skip, None, clock, taken)
+                report = self._decided_on_driver(frame, batch_id, clock, as_rows, taken)
                 self.backend.flush()  # outcomes stored before Spark commits the batch
                 clock.done("store")
             except BaseException:
                 self.backend.discard()
                 raise
-            finally:
-                frame.unpersist()
         elif self.transform is not None:
             report = self._transformed(frame, batch_id, resumed, clock, as_rows, taken)
         else:
@@ -148,6 +143,18 @@ class BatchBody:
 
     def _producer(self) -> Any:
         return cached_producer(self.connection)
+
+    def _decided_on_driver(self, frame: Any, batch_id: int, clock: StepClock, as_rows: bool,
+                           taken: dict[str, int]) -> BatchReport:
+        if self.transform is not None:
+            return self._transformed(frame, batch_id, None, clock, as_rows, taken)
+        frame = frame.persist()
+        try:
+            skip = {place: reason for place, (reason, _) in self._admit(frame).items()}
+            clock.done("admit")
+            return self._functions(frame, batch_id, skip, None, clock, taken)
+        finally:
+            frame.unpersist()
 
     # --- the per-record and pandas forms -------------------------------------------------------
 
@@ -206,11 +213,15 @@ class BatchBody:
         held = hold(frame, as_rows=as_rows)
         output = None
         try:
+            refused: dict[tasks.Coordinates, tuple[str, int]] = {}
+            admitted = tally.observe_batch(held).where(mine & ~malformed)
+            if self.backend is not None:
+                refused = self._admit(held)
+                clock.done("admit")
+                admitted = _without(admitted, refused)
             # Kept, so that routing copies exactly the rows the write left out: a transform
             # need not give the same errors twice (a call to a service, a random sample).
-            output = tally.observe_output(
-                self.transform(tally.observe_batch(held).where(mine & ~malformed)),
-                self.error_column).persist()
+            output = tally.observe_output(self.transform(admitted), self.error_column).persist()
             error = F.col(self.error_column)
             self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
             clock.done("write")
@@ -222,15 +233,23 @@ class BatchBody:
                 rows = routing_rows(output, self.error_column, source=held)
                 if bad:
                     rows = rows.unionByName(routing_rows(held.where(malformed), None))
-                routes = self._route(rows, batch_id, resumed, clock, taken,
-                                     tallied.failed + bad)
+                routes = (self._route_to_backend(rows) if self.backend is not None
+                          else self._route(rows, batch_id, resumed, clock, taken,
+                                           tallied.failed + bad))
                 clock.done("route")
+            if self.backend is not None:
+                failed = output.where(error.isNotNull()).select(*IDENTITY)
+                # From the held rows, not the observed ones: the tally counts the write alone.
+                copies = _without(held.where(mine & ~malformed & _has_redrive(F)), refused)
+                for record in _records(copies.join(failed, list(IDENTITY), "left_anti")):
+                    self.backend.succeeded(record)
+                clock.done("store")
         finally:
             if output is not None:
                 output.unpersist()
             release(held)
-        return BatchReport(batch_id, _outcomes_of(tallied.counted, routes), routes, (),
-                           tallied.late_s)
+        outcomes = _refused_out(_outcomes_of(tallied.counted, routes), refused)
+        return BatchReport(batch_id, outcomes, routes, (), tallied.late_s)
 
     # --- routing and the sink ------------------------------------------------------------------
 
@@ -278,17 +297,19 @@ class BatchBody:
 
     # --- a backend deciding on the driver ------------------------------------------------------
 
-    def _admit(self, frame: Any) -> dict[tasks.Coordinates, str]:
-        """Ask the backend, in offset order, which copies it has already seen an outcome for."""
+    def _admit(self, frame: Any) -> dict[tasks.Coordinates, tuple[str, int]]:
+        """Ask the backend, in offset order, which copies it has already seen an outcome for:
+        the records it refused, with why and the attempt they were on."""
         assert self.backend is not None
-        refused: dict[tasks.Coordinates, str] = {}
+        refused: dict[tasks.Coordinates, tuple[str, int]] = {}
         records = sorted(_records(frame.where(_has_redrive(functions(frame)))),
                          key=lambda r: (r.topic, r.partition, r.offset))
         self.backend.prefetch(records)
         for record in records:
             verdict = self.backend.admit(record)
             if verdict is not Verdict.PROCESS:
-                refused[(record.topic, record.partition, record.offset)] = verdict.value
+                refused[(record.topic, record.partition, record.offset)] = (
+                    verdict.value, record.delivery.attempt)
         return refused
 
     def _route_to_backend(self, failed: Any) -> tuple[Routed, ...]:
@@ -301,7 +322,7 @@ class BatchBody:
                     partitions=dict(self.partitions)),
             from_arrow_schema(tasks.ROUTED_SCHEMA)).collect()
         copies: list[kafka.OutRecord] = []
-        counts: Counter[tuple[str, str | None, int, str | None]] = Counter()
+        counts: Counter[tuple[str, str | None, int, str | None, str, int]] = Counter()
         for row in routed:
             pairs = [(pair["key"], bytes(pair["value"])) for pair in row["headers"]]
             decision = _decision(row, pairs)
@@ -310,10 +331,45 @@ class BatchBody:
             copy = self.backend.failed(record, decision, self.partitions)
             if copy is not None:
                 copies.append(copy)
-            counts[(row["kind"], row["reason"], row["attempt"], row["topic"])] += 1
+            counts[(row["kind"], row["reason"], row["attempt"], row["topic"],
+                    row["source_topic"], row["source_attempt"])] += 1
         if copies:
             kafka.produce_acked(self._producer(), copies)
-        return tuple(Routed(*key, n) for key, n in counts.items())
+        return tuple(Routed(kind, reason, attempt, topic, n, source, source_attempt)
+                     for (kind, reason, attempt, topic, source, source_attempt), n
+                     in counts.items())
+
+
+def _without(frame: Any, refused: Mapping[tasks.Coordinates, Any]) -> Any:
+    """`frame` without the records the backend refused (few: copies it has seen before)."""
+    if not refused:
+        return frame
+    F = functions(frame)
+    places = frame.sparkSession.createDataFrame(
+        list(refused), "topic string, partition int, offset long")
+    return frame.join(F.broadcast(places), list(IDENTITY), "left_anti")
+
+
+def _refused_out(outcomes: tuple[Outcomes, ...],
+                 refused: Mapping[tasks.Coordinates, tuple[str, int]]) -> tuple[Outcomes, ...]:
+    """A transformed batch's outcomes with the records the backend refused moved from OK to
+    SKIPPED, with the backend's reason: the tally counted them with the rest of the batch."""
+    if not refused:
+        return outcomes
+    skipped: Counter[tuple[int, str, str]] = Counter(
+        (attempt, topic, reason) for (topic, _, _), (reason, attempt) in refused.items())
+    moved: Counter[tuple[int, str]] = Counter()
+    for (attempt, topic, _), n in skipped.items():
+        moved[(attempt, topic)] += n
+    kept = []
+    for row in outcomes:
+        out = min(row.n, moved[(row.attempt, row.topic)]) if row.status == OK else 0
+        moved[(row.attempt, row.topic)] -= out
+        if row.n > out:
+            kept.append(row._replace(n=row.n - out, early=min(row.early, row.n - out)))
+    kept.extend(Outcomes(SKIPPED, attempt, topic, reason, n)
+                for (attempt, topic, reason), n in skipped.items())
+    return tuple(kept)
 
 
 def _outcomes_of(counted: Sequence[Mapping[str, Any]], routes: tuple[Routed, ...]

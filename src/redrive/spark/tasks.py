@@ -58,6 +58,7 @@ ROUTED_SCHEMA = pa.schema([
     ("kind", pa.string()),
     ("reason", pa.string()),
     ("attempt", pa.int32()),
+    ("source_attempt", pa.int32()),  # the attempt the failed record was on (see _source_attempt)
 ])
 ROUTE_COUNTS_SCHEMA = pa.schema([
     ("kind", pa.string()),
@@ -322,11 +323,16 @@ def _routed(record: Record, error: ErrorInfo, first: FirstFailures, partitions: 
 def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, group: str,
                   partitions: Mapping[str, int]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body over failed rows: each becomes its retry or dead-letter copy."""
+    routed: set[tuple[str, int, int]] = set()  # a record is routed once (see RouteAndProduce)
     for batch in batches:
         out: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
         first = FirstFailures(policy, group, now_ms())
         with gc_paused():
             for record, error in failures(batch):
+                place = (record.topic, record.partition, record.offset)
+                if place in routed:
+                    continue
+                routed.add(place)
                 decision, kind, reason, partition = _routed(record, error, first, partitions)
                 out["topic"].append(decision.topic)
                 out["source_topic"].append(record.topic)
@@ -337,8 +343,9 @@ def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, gro
                 out["kind"].append(kind)
                 out["reason"].append(reason)
                 out["attempt"].append(decision.attempt)
-            routed = pa.RecordBatch.from_pydict(out, schema=ROUTED_SCHEMA)
-        yield routed
+                out["source_attempt"].append(_source_attempt(record, decision))
+            copies = pa.RecordBatch.from_pydict(out, schema=ROUTED_SCHEMA)
+        yield copies
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.policy import Backoff, RetryPolicy
 from redrive.spark import RetryPipeline
+from redrive.spark.sql import functions
 
 # Spark workers cannot import test modules: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -35,6 +36,34 @@ def handle(record: dict[str, Any]) -> dict[str, Any]:
     due = h.read_due(record["headers"])
     late = 0 if due is None else int(time.time() * 1000) - due
     return {"key": record["key"].decode(), "attempt": attempt, "late_ms": late}
+
+
+def handle_in_sql(frame: Any) -> Any:
+    """handle as a DataFrame transform: its errors a column, no Python per record."""
+    F = functions(frame)
+
+    kind = F.split(F.col("value").cast("string"), ":")[0]
+    attempt = F.col("redrive.attempt")
+
+    def error(type_name: str, message: str) -> Any:
+        return F.struct(F.lit(type_name).alias("type"), F.lit(message).alias("message"))
+
+    failed = (F.when(kind == "poison", error("ValueError", "poison record"))
+              .when((kind == "forever") | ((kind == "fail1") & (attempt < 1))
+                    | ((kind == "fail2") & (attempt < 2)),
+                    error("ConnectionError", "upstream down")))
+    late = F.coalesce(F.unix_millis(F.current_timestamp()) - F.unix_millis(F.col("redrive.due")),
+                      F.lit(0))
+    return frame.select(F.col("key").cast("string").alias("key"),
+                        attempt.cast("int").alias("attempt"), late.alias("late_ms"),
+                        "topic", "partition", "offset", failed.alias("error"))
+
+
+# RetryPipeline's logic in the per-record form and in the DataFrame form, behaving alike.
+FORMS: dict[str, dict[str, Any]] = {
+    "function": {"function": handle, "output_schema": OUTPUT},
+    "frame": {"transform": handle_in_sql},
+}
 
 
 def produce(bootstrap: str, topic: str, kinds: list[str], start: int = 0) -> dict[str, str]:

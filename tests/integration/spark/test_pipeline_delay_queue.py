@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from redrive import kafka
 from redrive.backends import DelayQueue
 from redrive.consumer import RetryingConsumer
@@ -19,13 +21,14 @@ from redrive.spark import RetryPipeline
 
 from ..background import Background, Runnable
 from ..consumer.conftest import FAST_GROUP, Running, wait_until
-from .test_pipeline import OUTPUT, collecting_sink, handle, produce
+from .test_pipeline import FORMS, collecting_sink, produce
 
 
+@pytest.mark.parametrize("form", FORMS)
 def test_failures_wait_in_the_shared_tiers_and_come_back_for_this_pipeline_only(
         spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path,
         running: Callable[[RetryingConsumer], Running],
-        background: Callable[[Runnable], Background]) -> None:
+        background: Callable[[Runnable], Background], form: str) -> None:
     topic = new_topic(partitions=2)
     tiers = Tiers.of(("100ms", "1s"), prefix=f"{unique_name('sdq')}.delay")
     service = DelayService(bootstrap, tiers, instance_id=unique_name("i"), partitions=2,
@@ -52,7 +55,7 @@ def test_failures_wait_in_the_shared_tiers_and_come_back_for_this_pipeline_only(
     pipeline = RetryPipeline(spark, bootstrap, topic, group,
                              RetryPolicy(backoff=Backoff.sequence("300ms,300ms"),
                                          not_retryable=ValueError),
-                             function=handle, output_schema=OUTPUT, sink=collecting_sink(rows),
+                             **FORMS[form], sink=collecting_sink(rows),
                              checkpoint=str(tmp_path / "cp"), trigger_interval="300 milliseconds",
                              retry_backend=backend)
     stats = pipeline.run(until=lambda s: s.finished >= len(sent) and s.skipped >= 8,
