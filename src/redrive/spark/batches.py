@@ -27,9 +27,9 @@ from redrive.errors import MalformedHeader
 from redrive.kafka.produce import producer_failed
 from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.policy import RetryPolicy
-from redrive.record import Record
+from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Retry, Route
-from redrive.spark import ledger, tasks
+from redrive.spark import ledger, poison, tasks
 from redrive.spark.failures import IDENTITY, ROUTE_HERE_MAX, route_rows, routing_rows
 from redrive.spark.outcomes import (
     DEAD_LETTER,
@@ -204,6 +204,20 @@ class BatchBody:
 
     def _transformed(self, frame: Any, batch_id: int, resumed: ledger.Entry | None,
                      clock: StepClock, as_rows: bool, taken: dict[str, int]) -> BatchReport:
+        """The DataFrame form's batch. Records on which the transform fails by itself (see
+        poison) are found when the write fails; the batch then runs again without them, and
+        they are routed with the rest of its failures."""
+        unfit: dict[tasks.Coordinates, ErrorInfo] = {}
+        while True:
+            try:
+                return self._transformed_once(frame, batch_id, resumed, clock, as_rows, taken,
+                                              unfit)
+            except poison.PoisonFound as found:
+                unfit.update(found.records)
+
+    def _transformed_once(self, frame: Any, batch_id: int, resumed: ledger.Entry | None,
+                          clock: StepClock, as_rows: bool, taken: dict[str, int],
+                          unfit: Mapping[tasks.Coordinates, ErrorInfo]) -> BatchReport:
         F = functions(frame)
         assert self.transform is not None
         tally = BatchTally(frame, self.group, self.topics, now_ms())
@@ -218,29 +232,39 @@ class BatchBody:
             if self.backend is not None:
                 refused = self._admit(held)
                 clock.done("admit")
-                admitted = _without(admitted, refused)
+            left_out = {**refused, **unfit}
+            admitted = _without(admitted, left_out)
             # Kept, so that routing copies exactly the rows the write left out: a transform
             # need not give the same errors twice (a call to a service, a random sample).
             output = tally.observe_output(self.transform(admitted), self.error_column).persist()
             error = F.col(self.error_column)
-            self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
+            try:
+                self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
+            except Exception as exc:
+                found = self._unfit(_without(held.where(mine & ~malformed), left_out), unfit)
+                clock.done("isolate")
+                if not found:
+                    raise
+                raise poison.PoisonFound(found) from exc
             clock.done("write")
             tallied = tally.result(held, output, self.error_column)
             clock.done("count")
             routes: tuple[Routed, ...] = ()
             bad = sum(row["n"] for row in tallied.counted if row["status"] == FAILED)
-            if tallied.failed + bad:
+            if tallied.failed + bad + len(unfit):
                 rows = routing_rows(output, self.error_column, source=held)
                 if bad:
                     rows = rows.unionByName(routing_rows(held.where(malformed), None))
+                if unfit:
+                    rows = rows.unionByName(poison.routing_rows(held, unfit))
                 routes = (self._route_to_backend(rows) if self.backend is not None
                           else self._route(rows, batch_id, resumed, clock, taken,
-                                           tallied.failed + bad))
+                                           tallied.failed + bad + len(unfit)))
                 clock.done("route")
             if self.backend is not None:
                 failed = output.where(error.isNotNull()).select(*IDENTITY)
                 # From the held rows, not the observed ones: the tally counts the write alone.
-                copies = _without(held.where(mine & ~malformed & _has_redrive(F)), refused)
+                copies = _without(held.where(mine & ~malformed & _has_redrive(F)), left_out)
                 for record in _records(copies.join(failed, list(IDENTITY), "left_anti")):
                     self.backend.succeeded(record)
                 clock.done("store")
@@ -250,6 +274,16 @@ class BatchBody:
             release(held)
         outcomes = _refused_out(_outcomes_of(tallied.counted, routes), refused)
         return BatchReport(batch_id, outcomes, routes, (), tallied.late_s)
+
+    def _unfit(self, candidates: Any, unfit: Mapping[tasks.Coordinates, ErrorInfo]
+               ) -> dict[tasks.Coordinates, ErrorInfo]:
+        """The batch's records on which the transform fails by itself, besides `unfit`."""
+        assert self.transform is not None
+        candidates = candidates.persist()  # read by every step of the search
+        try:
+            return poison.find(self.transform, candidates, already=len(unfit))
+        finally:
+            candidates.unpersist()
 
     # --- routing and the sink ------------------------------------------------------------------
 

@@ -12,11 +12,14 @@ import pandas as pd
 import pytest
 from pyspark import cloudpickle
 
+from redrive import headers as h
+from redrive import kafka
 from redrive.errors import InvalidArgument
+from redrive.policy import RetryPolicy, error_type
 from redrive.spark import RetryPipeline, route_failures
 from redrive.store import RetryStore, StoreBackend
 
-from .test_dataframe_form import POLICY, failure, produce, transform
+from .test_dataframe_form import POLICY, amounts, failure, produce, produce_values, transform
 from .test_pipeline import read_all
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -75,6 +78,27 @@ def test_pipeline_on_spark_connect(connect_spark: Any, bootstrap: str, new_topic
         == stats.batches
     assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 2
     assert len(read_all(bootstrap, f"{topic}.{group}.retry.1s")) == 4
+
+
+def test_records_the_transform_cannot_compute_are_routed_on_connect(
+        connect_spark: Any, bootstrap: str, new_topic: Any, unique_name: Any,
+        tmp_path: Path) -> None:
+    """On Connect, Spark's errors reach the body as the Connect client's exceptions."""
+    topic = new_topic()
+    group = unique_name("connect-unfit")
+    produce_values(bootstrap, topic, ["1", "abc", "2", "boom"])
+    policy = RetryPolicy(not_retryable=error_type("CAST_INVALID_INPUT", ValueError))
+    sink = str(tmp_path / "out")
+    stats = RetryPipeline(connect_spark, bootstrap, topic, group, policy, transform=amounts,
+                          sink=sink, checkpoint=str(tmp_path / "cp"),
+                          trigger_interval="300 milliseconds").run(
+        until=lambda s: s.finished >= 4, timeout_s=150)
+
+    assert sorted(row["amount"] for row in connect_spark.read.parquet(sink).collect()) == [1, 2]
+    assert stats.dead_lettered_by_reason == {"not-retryable": 2}
+    dead = {m.value(): h.last(kafka.message_headers(m), h.ERROR_TYPE)
+            for m in read_all(bootstrap, f"{topic}.{group}.dlt")}
+    assert dead == {b"abc": b"CAST_INVALID_INPUT", b"boom": b"ValueError"}
 
 
 def test_route_failures_inside_a_connect_foreach_batch(connect_spark: Any, bootstrap: str,

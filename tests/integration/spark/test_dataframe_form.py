@@ -24,7 +24,7 @@ from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, DeadLetterLimit, InPlace, RetryPolicy, error_type
 from redrive.record import ErrorInfo
 from redrive.routing import route
-from redrive.spark import RetryPipeline, retry_stream, route_failures
+from redrive.spark import RetryPipeline, poison, retry_stream, route_failures
 from redrive.spark.batches import BatchBody
 from redrive.spark.columns import arrow_type, with_redrive_column
 from redrive.spark.ledger import DONE, ROUTING, Entry, append, ledger_topic
@@ -245,6 +245,94 @@ def test_a_record_with_several_failed_rows_is_copied_once(
     if not all_or_none:  # a failed record's good rows are written at each try
         first_try.update({("k1", "a", 0): 1, ("k2", "b", 0): 1})
     assert written == first_try + retried
+
+
+def amounts(frame: Any) -> Any:
+    """Spark itself fails on some values: 'abc' cast to int (ANSI mode), 'boom' in a Python UDF.
+    A negative amount is an expected failure, returned in the error column."""
+    from pyspark.sql.types import StringType
+
+    F = functions(frame)
+
+    def checked(value: str) -> str:
+        if value == "boom":
+            raise ValueError(f"cannot check {value}")
+        return value
+
+    # A lambda: the type hints of `checked` would make Spark guess at a pandas UDF. A type,
+    # not DDL: a Connect client parses DDL with a classic session's parser.
+    text = F.udf(lambda value: checked(value), StringType())(F.col("value").cast("string"))
+    amount = text.cast("int")
+    error = F.when(amount < 0, F.struct(F.lit("NegativeAmount").alias("type"),
+                                        F.lit("below zero").alias("message")))
+    return frame.select("topic", "partition", "offset", amount.alias("amount"),
+                        F.col("redrive.attempt").alias("attempt"), error.alias("error"))
+
+
+def produce_values(bootstrap: str, topic: str, values: list[str]) -> None:
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, value.encode(), value.encode()) for value in values])
+
+
+def test_records_the_transform_cannot_compute_are_routed_not_fatal(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """Without this, one such record fails the job, stops the query, and stops it again at
+    every restart: its partition is blocked for good."""
+    topic = new_topic(partitions=2)
+    group = unique_name("unfit")
+    values = ["1", "2", "abc", "3", "boom", "4", "-5", "6"]
+    produce_values(bootstrap, topic, values)
+    policy = RetryPolicy(backoff=Backoff.sequence("1s"),
+                         not_retryable=error_type("CAST_INVALID_INPUT", ValueError))
+    sink = str(tmp_path / "out")
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, policy, transform=amounts,
+                             sink=sink, checkpoint=str(tmp_path / "cp"),
+                             trigger_interval="300 milliseconds")
+    stats = pipeline.run(until=lambda s: s.finished >= len(values), timeout_s=150)
+
+    written = Counter(row["amount"] for row in spark.read.parquet(sink).collect())
+    assert written == {1: 1, 2: 1, 3: 1, 4: 1, 6: 1}
+    assert stats.succeeded == 5 and stats.retried_by_attempt == {1: 1}
+    assert stats.dead_lettered_by_reason == {"not-retryable": 2, "exhausted": 1}
+    assert stats.step_seconds["isolate"] > 0
+    dead = {m.value().decode(): kafka.message_headers(m)
+            for m in read_all(bootstrap, f"{topic}.{group}.dlt")}
+    assert set(dead) == {"abc", "boom", "-5"}
+    assert h.last(dead["abc"], h.ERROR_TYPE) == b"CAST_INVALID_INPUT"
+    assert b"'abc'" in (h.last(dead["abc"], h.ERROR_MESSAGE) or b"")
+    assert h.last(dead["boom"], h.ERROR_TYPE) == b"ValueError"
+    assert h.last(dead["boom"], h.ERROR_MESSAGE) == b"cannot check boom"
+    assert h.last(dead["-5"], h.REASON) == b"exhausted"
+    assert [m.value() for m in read_all(bootstrap, f"{topic}.{group}.retry.1s")] == [b"-5"]
+
+
+def test_a_write_that_fails_by_itself_is_not_blamed_on_records(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    topic = new_topic()
+    group = unique_name("sinkdown")
+    produce_values(bootstrap, topic, ["1", "2"])
+
+    def down(frame: Any, batch_id: int) -> None:
+        raise OSError("the sink is down")
+
+    def run(values: list[str], sink: Any) -> Any:
+        produce_values(bootstrap, topic, values)
+        return RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=amounts,
+                             sink=sink, checkpoint=str(tmp_path / unique_name("cp")),
+                             trigger_interval="300 milliseconds").run(timeout_s=60)
+
+    with pytest.raises(Exception, match="the sink is down"):
+        run([], down)
+    # and more unfit records than a batch isolates is a transform to fix: the batch fails
+    monkeypatch.setattr(poison, "MAX_RECORDS", 1)
+    with pytest.raises(Exception, match="more than 1 records of the batch fail the transform"):
+        run(["abc", "xyz"], str(tmp_path / "out"))
+    # nothing was routed
+    destinations = [name for name in kafka.topic_partitions(kafka.admin(bootstrap))
+                    if name.startswith(f"{topic}.{group}.")]
+    assert len(destinations) == 2
+    assert [read_all(bootstrap, name) for name in destinations] == [[], []]
 
 
 def test_transform_is_checked_before_starting(spark: Any, bootstrap: str, new_topic: Any,
