@@ -17,9 +17,10 @@ isolate, which is a transform to fix rather than records to route.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from redrive.errors import RedriveError
@@ -85,6 +86,30 @@ def find(transform: Callable[[Any], Any], candidates: Any, *, already: int = 0
     """The records of `candidates` on which `transform` fails by itself, with their errors;
     empty when it computes over all of them, or when a failure is not one record's own.
     `already`: how many the batch has had found before."""
+    with _quiet(_QUERY_CONTEXT_LOGGERS):
+        return _find(transform, candidates, already)
+
+
+# PySpark logs every SQL error it raises, with its whole JVM trace, on these loggers: the
+# search's failures are expected, and the write's failure before it was logged already.
+_QUERY_CONTEXT_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
+
+
+@contextlib.contextmanager
+def _quiet(names: Sequence[str]) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before, strict=True):
+            logger.disabled = disabled
+
+
+def _find(transform: Callable[[Any], Any], candidates: Any, already: int
+          ) -> dict[Coordinates, ErrorInfo]:
     F = functions(candidates)
     if _failure(transform, candidates) is None:
         return {}
