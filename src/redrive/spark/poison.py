@@ -31,7 +31,7 @@ from redrive.spark.sql import functions, lost_held_rows
 log = logging.getLogger("redrive.spark")
 
 Coordinates = tuple[str, int, int]
-MAX_RECORDS = 64
+MAX_RECORDS = 16
 TRACE_CHARS = 8_000
 # The last line of a Python worker's traceback inside a PythonException: "ValueError: bad".
 _PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)): ?(.*)$",
@@ -111,35 +111,45 @@ def _quiet(names: Sequence[str]) -> Iterator[None]:
 def _find(transform: Callable[[Any], Any], candidates: Any, already: int
           ) -> dict[Coordinates, ErrorInfo]:
     F = functions(candidates)
-    if _failure(transform, candidates) is None:
+    first = _failure(transform, candidates)
+    if first is None:
         return {}
-    ranges = [(row["topic"], row["partition"], row["low"], row["high"]) for row in
-              candidates.groupBy("topic", "partition")
-              .agg(F.min("offset").alias("low"), F.max("offset").alias("high")).collect()]
+    level = [(row["topic"], row["partition"], row["low"], row["high"]) for row in
+             candidates.groupBy("topic", "partition")
+             .agg(F.min("offset").alias("low"), F.max("offset").alias("high")).collect()]
     found: dict[Coordinates, ErrorInfo] = {}
-    jobs = 1
-    while ranges:
-        topic, partition, low, high = ranges.pop()
-        part = candidates.where((F.col("topic") == topic) & (F.col("partition") == partition)
-                                & F.col("offset").between(low, high))
-        error = _failure(transform, part)
-        jobs += 1
-        if error is None:
-            continue
-        if lost_held_rows(error):
-            return {}  # the batch is run again persisted (see sql.hold)
-        if low == high:
-            if part.limit(1).count():  # not a gap in the offsets: the record itself
-                found[(topic, partition, low)] = error_of(error)
-            if already + len(found) > MAX_RECORDS:
-                raise TooManyPoisonRecords(
-                    f"more than {MAX_RECORDS} records of the batch fail the transform itself "
-                    f"(the first: {topic}[{partition}]@{min(found)[2]}: "
-                    f"{found[min(found)].message}); return such failures in the error column "
-                    "(try_cast, try_divide, a UDF that returns its error) rather than raising")
-            continue
-        middle = (low + high) // 2
-        ranges += [(topic, partition, middle + 1, high), (topic, partition, low, middle)]
+    jobs = 2
+    # Level by level: the ranges failing at one level are disjoint and each holds a record that
+    # fails (or records that fail together), so more of them than a batch may isolate ends the
+    # search early. An error that fails every record (a service down behind a UDF) ends it
+    # after a few levels, rather than after a search for every record.
+    while level:
+        failing = []
+        for topic, partition, low, high in level:
+            part = candidates.where((F.col("topic") == topic)
+                                    & (F.col("partition") == partition)
+                                    & F.col("offset").between(low, high))
+            error = _failure(transform, part)
+            jobs += 1
+            if error is None:
+                continue
+            if lost_held_rows(error):
+                return {}  # the batch is run again persisted (see sql.hold)
+            if low < high:
+                failing.append((topic, partition, low, high))
+            else:
+                jobs += 1
+                if part.limit(1).count():  # not a gap in the offsets: the record itself
+                    found[(topic, partition, low)] = error_of(error)
+        if already + len(found) + len(failing) > MAX_RECORDS:
+            raise TooManyPoisonRecords(
+                f"more than {MAX_RECORDS} records of the batch fail the transform by themselves "
+                f"(found after {jobs} Spark jobs; the first error: {error_of(first).message}); "
+                "return such failures in the error column (try_cast, try_divide, a UDF that "
+                "returns its error) rather than raising")
+        level = [half for topic, partition, low, high in failing
+                 for half in ((topic, partition, low, (low + high) // 2),
+                              (topic, partition, (low + high) // 2 + 1, high))]
     log.warning("the transform cannot compute %d records (%d jobs to find them): routed as "
                 "failures: %s", len(found), jobs,
                 ", ".join(f"{t}[{p}]@{o} {e.type_name}" for (t, p, o), e in sorted(found.items())))

@@ -4,6 +4,7 @@ batch that writes and copies nothing twice."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections import Counter
@@ -328,6 +329,13 @@ def test_a_write_that_fails_by_itself_is_not_blamed_on_records(
     monkeypatch.setattr(poison, "MAX_RECORDS", 1)
     with pytest.raises(Exception, match="more than 1 records of the batch fail the transform"):
         run(["abc", "xyz"], str(tmp_path / "out"))
+    # an error every record meets ends the search after a few levels, not a search per record:
+    # 2 failing parts of the range, then 4, more than 2
+    monkeypatch.setattr(poison, "MAX_RECORDS", 2)
+    with pytest.raises(Exception, match=r"found after (\d+) Spark jobs") as failed:
+        run(["boom"] * 40, str(tmp_path / "out"))
+    jobs = re.search(r"found after (\d+) Spark jobs", str(failed.value))
+    assert jobs is not None and int(jobs.group(1)) <= 2 + 1 + 2 + 4
     # nothing was routed
     destinations = [name for name in kafka.topic_partitions(kafka.admin(bootstrap))
                     if name.startswith(f"{topic}.{group}.")]
