@@ -30,7 +30,7 @@ from redrive.spark.sql import functions, lost_held_rows
 
 log = logging.getLogger("redrive.spark")
 
-Coordinates = tuple[str, int, int]
+Coordinates = tasks.Coordinates
 MAX_RECORDS = 16
 TRACE_CHARS = 8_000
 # The last line of a Python worker's traceback inside a PythonException: "ValueError: bad".
