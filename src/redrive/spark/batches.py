@@ -241,6 +241,8 @@ class BatchBody:
             try:
                 self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
             except Exception as exc:
+                if lost_held_rows(exc):
+                    raise  # not the records' doing: the batch runs again persisted
                 found = self._unfit(_without(held.where(mine & ~malformed), left_out), unfit)
                 clock.done("isolate")
                 if not found:
@@ -374,13 +376,14 @@ class BatchBody:
                      in counts.items())
 
 
-def _without(frame: Any, refused: Mapping[tasks.Coordinates, Any]) -> Any:
-    """`frame` without the records the backend refused (few: copies it has seen before)."""
-    if not refused:
+def _without(frame: Any, records: Mapping[tasks.Coordinates, Any]) -> Any:
+    """`frame` without these records: few, copies the backend refused and records the
+    transform cannot compute."""
+    if not records:
         return frame
     F = functions(frame)
     places = frame.sparkSession.createDataFrame(
-        list(refused), "topic string, partition int, offset long")
+        list(records), "topic string, partition int, offset long")
     return frame.join(F.broadcast(places), list(IDENTITY), "left_anti")
 
 

@@ -112,7 +112,7 @@ def _find(transform: Callable[[Any], Any], candidates: Any, already: int
           ) -> dict[Coordinates, ErrorInfo]:
     F = functions(candidates)
     first = _failure(transform, candidates)
-    if first is None:
+    if first is None or lost_held_rows(first):
         return {}
     level = [(row["topic"], row["partition"], row["low"], row["high"]) for row in
              candidates.groupBy("topic", "partition")
