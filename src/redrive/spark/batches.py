@@ -395,9 +395,7 @@ def _refused_out(outcomes: tuple[Outcomes, ...],
         return outcomes
     skipped: Counter[tuple[int, str, str]] = Counter(
         (attempt, topic, reason) for (topic, _, _), (reason, attempt) in refused.items())
-    moved: Counter[tuple[int, str]] = Counter()
-    for (attempt, topic, _), n in skipped.items():
-        moved[(attempt, topic)] += n
+    moved = Counter((attempt, topic) for (topic, _, _), (_, attempt) in refused.items())
     kept = []
     for row in outcomes:
         out = min(row.n, moved[(row.attempt, row.topic)]) if row.status == OK else 0

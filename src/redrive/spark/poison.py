@@ -167,12 +167,9 @@ def _failure(transform: Callable[[Any], Any], frame: Any) -> BaseException | Non
 
 def routing_rows(held: Any, records: Mapping[Coordinates, ErrorInfo]) -> Any:
     """The records' rows of the batch in the routing job's columns, with their errors."""
-    import json
-
     F = functions(held)
     errors = held.sparkSession.createDataFrame(
-        [(topic, partition, offset, error.type_name, error.message, error.trace,
-          json.dumps(error.chain)) for (topic, partition, offset), error in records.items()],
+        [(*place, *tasks.error_columns(error).values()) for place, error in records.items()],
         "topic string, partition int, offset long, error_type string, error_message string, "
         "error_trace string, error_chain string")
     return held.join(F.broadcast(errors), ["topic", "partition", "offset"]).select(

@@ -115,7 +115,7 @@ class Outcome:
 Coordinates = tuple[str, int, int]
 
 
-def _error_columns(error: ErrorInfo | None) -> dict[str, Any]:
+def error_columns(error: ErrorInfo | None) -> dict[str, Any]:
     if error is None:
         return {"error_type": None, "error_message": None, "error_trace": None,
                 "error_chain": None}
@@ -129,8 +129,12 @@ def _error_info(type_name: str | None, message: str | None, trace: str | None,
     return ErrorInfo(type_name or "", message or "", trace or "", kinds)
 
 
-def failures(batch: pa.RecordBatch) -> Iterator[tuple[Record, ErrorInfo]]:
-    """The failed rows of a routing batch (ROUTING_COLUMNS) as records and their errors.
+def failures(batch: pa.RecordBatch, routed: set[Coordinates]
+             ) -> Iterator[tuple[Record, ErrorInfo]]:
+    """The failed rows of a routing batch (ROUTING_COLUMNS) as records and their errors, each
+    record once: a transform may make several rows of one record (explode) and fail more than
+    one. The record goes by the first of them; `routed` holds the records a task has had, whose
+    rows all come to it (joined from the batch, to the task that reads the record).
 
     Read column by column, since a dict per row costs about as much as routing the row, and each
     distinct error decoded once per batch: a batch's failures mostly share one error (an outage,
@@ -142,6 +146,9 @@ def failures(batch: pa.RecordBatch) -> Iterator[tuple[Record, ErrorInfo]]:
     known: dict[tuple[str | None, ...], ErrorInfo] = {}
     for (topic, partition, offset, key, value, pairs, stamp_us), error in zip(
             zip(*columns, strict=True), errors, strict=True):
+        if (topic, partition, offset) in routed:
+            continue
+        routed.add((topic, partition, offset))
         info = known.get(error)
         if info is None:
             info = known[error] = _error_info(*error)
@@ -290,7 +297,7 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
             columns["in_place"].append(outcome.in_place)
             columns["skip_reason"].append(outcome.skip_reason)
             columns["handler_us"].append(result.handler_us)
-            for name, value in _error_columns(outcome.error).items():
+            for name, value in error_columns(outcome.error).items():
                 columns[name].append(value)
             outputs.append(_conform(outcome.output, names))
         arrays = [batch.column(i) for i in range(batch.num_columns)]
@@ -323,16 +330,12 @@ def _routed(record: Record, error: ErrorInfo, first: FirstFailures, partitions: 
 def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, group: str,
                   partitions: Mapping[str, int]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body over failed rows: each becomes its retry or dead-letter copy."""
-    routed: set[tuple[str, int, int]] = set()  # a record is routed once (see RouteAndProduce)
+    routed: set[Coordinates] = set()
     for batch in batches:
         out: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
         first = FirstFailures(policy, group, now_ms())
         with gc_paused():
-            for record, error in failures(batch):
-                place = (record.topic, record.partition, record.offset)
-                if place in routed:
-                    continue
-                routed.add(place)
+            for record, error in failures(batch, routed):
                 decision, kind, reason, partition = _routed(record, error, first, partitions)
                 out["topic"].append(decision.topic)
                 out["source_topic"].append(record.topic)
@@ -370,17 +373,10 @@ class RouteAndProduce:
         counts: Counter[tuple[str, str | None, int, str | None, str, int]] = Counter()
 
         def copies() -> Iterator[kafka.OutRecord]:
-            # A transform may make several rows of one record (explode) and fail more than one:
-            # the record is routed once, by the first of them. Joined from the batch, its rows
-            # come to the one task that reads the record.
-            routed: set[tuple[str, int, int]] = set()
+            routed: set[Coordinates] = set()
             for batch in batches:
                 first = FirstFailures(self.policy, self.group, now_ms())
-                for record, error in failures(batch):
-                    place = (record.topic, record.partition, record.offset)
-                    if place in routed:
-                        continue
-                    routed.add(place)
+                for record, error in failures(batch, routed):
                     decision, kind, reason, partition = _routed(record, error, first,
                                                                 self.partitions)
                     counts[(kind, reason, decision.attempt, decision.topic, record.topic,

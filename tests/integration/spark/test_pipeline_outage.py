@@ -30,10 +30,9 @@ from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, RetryPolicy
 from redrive.spark import RetryPipeline, ledger
 from redrive.spark.outcomes import DEAD_LETTER, OK, BatchReport, Outcomes, Routed
-from redrive.spark.sql import functions
 
 from ..background import Background
-from .test_pipeline import read_all
+from .test_pipeline import FORMS, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -48,41 +47,12 @@ RECORDS = 240
 
 
 def kind_of(i: int) -> str:
-    return "poison" if i % 20 == 0 else "flaky" if i % 10 == 3 else "ok"
-
-
-def handle(record: dict[str, Any]) -> dict[str, Any]:
-    kind = record["value"].decode().split(":")[0]
-    if kind == "poison":
-        raise ValueError("poison record")
-    if kind == "flaky" and record["attempt"] < 1:
-        raise ConnectionError("upstream down")
-    return {"key": record["key"].decode(), "attempt": record["attempt"]}
-
-
-def transform(frame: Any) -> Any:
-    """handle's behaviour in the DataFrame form: the error is a column, not a raise."""
-    F = functions(frame)
-
-    kind = F.split(F.col("value").cast("string"), ":")[0]
-
-    def error(type_name: str, message: str) -> Any:
-        return F.struct(F.lit(type_name).alias("type"), F.lit(message).alias("message"))
-
-    failed = (F.when(kind == "poison", error("ValueError", "poison record"))
-              .when((kind == "flaky") & (F.col("redrive.attempt") < 1),
-                    error("ConnectionError", "upstream down")))
-    return frame.select(F.col("key").cast("string").alias("key"),
-                        F.col("redrive.attempt").cast("int").alias("attempt"),
-                        "topic", "partition", "offset", failed.alias("error"))
+    return "poison" if i % 20 == 0 else "fail1" if i % 10 == 3 else "ok"
 
 
 def pipeline_of(form: str, spark: Any, bootstrap: str, topic: str, group: str,
                 tmp_path: Path) -> RetryPipeline:
-    logic: dict[str, Any] = (
-        {"function": handle, "output_schema": "key string, attempt int"} if form == "function"
-        else {"transform": transform})
-    return RetryPipeline(spark, bootstrap, topic, group, POLICY, **logic,
+    return RetryPipeline(spark, bootstrap, topic, group, POLICY, **FORMS[form],
                          sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"),
                          max_offsets_per_trigger=100, trigger_interval="300 milliseconds")
 
@@ -140,7 +110,7 @@ def test_a_broker_outage_mid_stream_loses_and_repeats_nothing(
     written = Counter(row["key"] for row in rows)
     assert set(written) == expected_ok  # lost 0
     assert max(written.values()) == 1  # 0 rows twice
-    flaky = {k for k, kind in sent.items() if kind == "flaky"}
+    flaky = {k for k, kind in sent.items() if kind == "fail1"}
     assert {row["key"] for row in rows if row["attempt"] == 1} == flaky
     dead = Counter(m.key().decode() for m in read_all(bootstrap, f"{topic}.{group}.dlt"))
     assert dead == {k: 1 for k, kind in sent.items() if kind == "poison"}
@@ -157,9 +127,8 @@ def test_reports_the_driver_cannot_read_while_the_brokers_are_away_are_counted_a
     bootstrap = own_broker.bootstrap
     topic, group = unique_name("reports"), unique_name("reports-g")
     kafka.create_topics(kafka.admin(bootstrap), {topic: 1})
-    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, function=handle,
-                             output_schema="key string, attempt int", sink=str(tmp_path / "out"),
-                             checkpoint=str(tmp_path / "cp"))
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, **FORMS["function"],
+                             sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"))
     report = BatchReport(7, outcomes=(Outcomes(OK, 0, topic, None, 5),),
                          routes=(Routed(DEAD_LETTER, "not-retryable", 1, f"{topic}.dlt", 2),))
     pipeline.ensure_topics()

@@ -201,7 +201,8 @@ def test_failures_are_read_column_by_column_with_each_distinct_error_decoded_onc
                 {"value": None, "headers": [{"key": "h", "value": None}]},
                 {"key": b"k2"}, {}], function)
     failed = pa.RecordBatch.from_pylist(rows).select(list(tasks.ROUTING_COLUMNS))
-    read = list(tasks.failures(failed))
+    routed: set[tasks.Coordinates] = set()
+    read = list(tasks.failures(failed, routed))
     assert [(r.offset, r.key, r.value, r.headers) for r, _ in read] == [
         (0, None, b"v0", []), (1, b"k", None, [("h", b"")]), (2, b"k2", b"1", []),
         (3, b"k", b"1", [])]
@@ -213,6 +214,12 @@ def test_failures_are_read_column_by_column_with_each_distinct_error_decoded_onc
     assert read[0][1] is read[2][1] and read[1][1] is read[3][1]
     assert all(record == tasks.record_of(row) for (record, _), row in zip(read, rows,
                                                                            strict=True))
+    # A record read before, in this batch or an earlier one of the task, is not read again:
+    # a transform that made several rows of it failed more than one.
+    assert routed == {("orders", 0, offset) for offset in range(4)}
+    again = pa.concat_batches([failed.slice(2, 1), failed.slice(2, 1)])
+    assert list(tasks.failures(again, routed)) == []
+    assert [r.offset for r, _ in tasks.failures(again, set())] == [2]
 
 
 def test_routing_leaves_the_collector_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
