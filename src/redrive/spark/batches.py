@@ -294,22 +294,14 @@ class BatchBody:
         """Copy failed rows with confirmation; a resumed batch skips copies already written.
         The marks taken before copying are kept in `taken` too, for a run again in this
         process. `failed`, when the batch has counted them, lets few be routed here."""
-        already: frozenset[ledger.CopyKey] = frozenset()
+        already, marks = ledger.begin_routing(
+            self.connection, self._producer(), self.ledger_topic, batch_id,
+            {t: self.partitions.get(t, 0) for t in self.destinations}, resumed,
+            {"checkpoint": self.checkpoint})
+        taken.update(marks)
         if resumed is not None and resumed.state == ledger.ROUTING:
-            already = frozenset(ledger.copies_since(self.connection, resumed.marks))
             log.info("pipeline %s: batch %d resumes routing; %d copies already written",
                      self.group, batch_id, len(already))
-        else:
-            consumer = kafka.consumer(self.connection)
-            try:
-                counts = {t: self.partitions.get(t, 0) for t in self.destinations}
-                marks = ledger.ends(consumer, counts)
-            finally:
-                consumer.close()
-            taken.update(marks)
-            ledger.append(self._producer(), self.ledger_topic,
-                          ledger.Entry(batch_id, ledger.ROUTING, marks,
-                                       {"checkpoint": self.checkpoint}))
         clock.done("ledger")
         here = failed is not None and failed <= ROUTE_HERE_MAX
         return tuple(route_rows(rows, self.connection, self.group, self.route_policy,

@@ -20,11 +20,12 @@ from redrive import kafka, topics
 from redrive.arguments import check_instance
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
-from redrive.spark import tasks
+from redrive.spark import ledger, tasks
 from redrive.spark.columns import REDRIVE_COLUMN
 from redrive.spark.ledger import CopyKey
 from redrive.spark.outcomes import DEAD_LETTER, RETRY, Routed
 from redrive.spark.sql import functions
+from redrive.spark.writer import cached_producer
 
 IDENTITY = ("topic", "partition", "offset")
 # A DataFrame-form batch with at most this many failed rows has them routed in the foreachBatch
@@ -151,7 +152,8 @@ def check_no_brake(policy: RetryPolicy) -> None:
 
 
 def route_failures(batch: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
-                   error_column: str = "error", *, source: Any = None) -> RouteCounts:
+                   error_column: str = "error", *, source: Any = None,
+                   batch_id: int | None = None) -> RouteCounts:
     """Copy the failed rows of a micro-batch to their retry or dead-letter topic.
 
     Call it inside your own foreachBatch, on the DataFrame your transform made of the batch
@@ -160,11 +162,58 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     failed rows is copied once where its rows share a partition of `batch`; after a shuffle (a
     join, a repartition), pass `source=` the batch `retry_stream` gave you, from which the
     failed records are then joined.
+
+    Pass `batch_id=` foreachBatch's batch id so that a batch Spark runs again (after a crash, or
+    a write of yours that failed after this call) copies only what its first run did not: the
+    group's ledger topic keeps where the group's retry and dead-letter partitions ended before
+    the batch copied. Without it a batch run again copies its failures again, and each is then
+    handled twice.
     """
     topics.check_name("group", group)
     check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
     check_no_brake(policy)
     check_error_column(batch.schema, error_column)
+    if batch_id is not None and (isinstance(batch_id, bool) or not isinstance(batch_id, int)
+                                 or batch_id < 0):
+        raise InvalidArgument("batch_id", batch_id, "must be foreachBatch's batch id, an int >= 0")
     rows = routing_rows(batch, error_column, source)
-    partitions = kafka.topic_partitions(kafka.admin(connection))
-    return route_rows(rows, connection, group, policy, partitions)
+    admin = kafka.admin(connection)
+    partitions = kafka.topic_partitions(admin)
+    already: frozenset[CopyKey] = frozenset()
+    if batch_id is not None:
+        already = _copied_before(connection, admin, group, policy, partitions, batch_id)
+    return route_rows(rows, connection, group, policy, partitions, already)
+
+
+_BY = "route_failures"  # marks this function's ledger entries apart from RetryPipeline's
+
+
+def _copied_before(connection: kafka.Connection, admin: Any, group: str, policy: RetryPolicy,
+                   partitions: dict[str, int], batch_id: int) -> frozenset[CopyKey]:
+    """The copies an earlier run of this batch wrote, found through the group's ledger; on a
+    first run, none, once the routing marks are in the ledger."""
+    name = ledger.ledger_topic(group)
+    if name not in partitions:
+        kafka.create_topics(admin, {name: 1})
+    previous = ledger.last(connection, name)
+    resumed = previous if (previous is not None and previous.batch == batch_id
+                           and previous.report.get("by") == _BY) else None
+    already, _ = ledger.begin_routing(connection, cached_producer(connection), name, batch_id,
+                                      _destinations(policy, group, partitions), resumed,
+                                      {"by": _BY})
+    return already
+
+
+def _destinations(policy: RetryPolicy, group: str, partitions: Mapping[str, int]
+                  ) -> dict[str, int]:
+    """The group's retry and dead-letter topics on the cluster, with their partition counts:
+    those `policy` plans for any of the cluster's topics, for this group only (a copy in
+    another group's topic is not this group's)."""
+    found: dict[str, int] = {}
+    for topic in partitions:
+        try:
+            planned = topics.plan(policy, topic, group).created_topics
+        except InvalidArgument:
+            continue  # a name the group's topics would outgrow: none of them can exist
+        found.update((name, partitions[name]) for name in planned if name in partitions)
+    return found

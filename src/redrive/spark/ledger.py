@@ -104,6 +104,24 @@ class Follower:
         self._consumer.close()
 
 
+def begin_routing(connection: kafka.Connection, producer: Producer, topic: str, batch: int,
+                  destinations: Mapping[str, int], resumed: Entry | None,
+                  report: Mapping[str, Any]) -> tuple[frozenset[CopyKey], dict[str, int]]:
+    """What a batch does before it copies its failed records. Run again (`resumed` is its own
+    routing entry), it finds the copies its earlier run wrote since that entry's marks; else it
+    takes the end of every destination partition as its marks and appends them in a routing
+    entry. Returns the copies already written and the marks taken (none when resumed)."""
+    if resumed is not None and resumed.state == ROUTING:
+        return frozenset(copies_since(connection, resumed.marks)), {}
+    consumer = kafka.consumer(connection)
+    try:
+        marks = ends(consumer, destinations)
+    finally:
+        consumer.close()
+    append(producer, topic, Entry(batch, ROUTING, marks, report))
+    return frozenset(), marks
+
+
 def ends(consumer: Consumer, partitions: Mapping[str, int]) -> dict[str, int]:
     """The end offset of every partition of these topics, as ledger marks."""
     return {f"{topic}:{p}": kafka.watermarks(consumer, topic, p)[1]

@@ -17,6 +17,7 @@ from redrive import kafka
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy, error_type
 from redrive.spark import RetryPipeline, route_failures
+from redrive.spark.ledger import ROUTING, Entry, ledger_topic
 from redrive.store import RetryStore, StoreBackend
 
 from .test_dataframe_form import POLICY, amounts, failure, produce, produce_values, transform
@@ -116,12 +117,16 @@ def test_route_failures_inside_a_connect_foreach_batch(connect_spark: Any, boots
     query.awaitTermination(120)
     assert query.exception() is None
     assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 3
+    # The batch id took the routing marks in the group's ledger from the server's Python.
+    entries = [Entry.decode(m.value()) for m in read_all(bootstrap, ledger_topic(group))]
+    assert [(e.batch, e.state, e.report) for e in entries] == [
+        (0, ROUTING, {"by": "route_failures"})]
 
 
 def _own_batch(bootstrap: str, group: str) -> Any:
     def each_batch(batch: Any, batch_id: int) -> None:
         counts = route_failures(batch.withColumn("error", failure(batch)), bootstrap, group,
-                                POLICY)
+                                POLICY, batch_id=batch_id)
         assert counts.dead_lettered == batch.where("value LIKE 'bad:%'").count()
     return each_batch
 

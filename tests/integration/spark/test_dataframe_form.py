@@ -396,6 +396,63 @@ def test_route_failures_in_a_users_own_foreach_batch(spark: Any, bootstrap: str,
     assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 2
 
 
+def test_route_failures_with_the_batch_id_copies_nothing_twice_when_a_batch_runs_again(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """A user's foreachBatch routes, then its own write fails: Spark runs the batch again at the
+    restart, and with the batch id route_failures copies none of its failures a second time."""
+    topic = new_topic()
+    group = unique_name("own")
+    produce(bootstrap, topic, ["ok"] * 6 + ["bad"] * 2 + ["flaky"] * 3)
+    written: dict[int, list[str]] = {}  # the user's sink, overwritten by batch id
+    sink_down = [True]
+    counted: Counter[str] = Counter()
+
+    def each_batch(batch: Any, batch_id: int) -> None:
+        checked = batch.withColumn("error", failure(batch))
+        counts = route_failures(checked, bootstrap, group, POLICY, batch_id=batch_id)
+        counted["retried"] += counts.retried
+        counted["dead"] += counts.dead_lettered
+        if sink_down[0]:
+            sink_down[0] = False
+            raise OSError("sink down")
+        written[batch_id] = [row.key.decode() for row in
+                             checked.where("error IS NULL").select("key").collect()]
+
+    runs = 0
+    while sum(map(len, written.values())) < 9 and runs < 6:
+        runs += 1
+        query = (retry_stream(spark, bootstrap, topic, group, POLICY).writeStream
+                 .foreachBatch(each_batch).option("checkpointLocation", str(tmp_path / "cp"))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(120)
+        except Exception as exc:  # the first run's failed write
+            assert runs == 1 and "sink down" in str(exc), exc
+        time.sleep(0.5)  # the flaky records' retries fall due after 1 s
+    keys = Counter(key for rows in written.values() for key in rows)
+    assert sorted(keys) == sorted(f"k{i}" for i in [*range(6), 8, 9, 10])
+    assert set(keys.values()) == {1}
+    # Routed twice (the batch ran twice), copied once.
+    assert counted == {"retried": 6, "dead": 4}
+    retries = read_all(bootstrap, f"{topic}.{group}.retry.1s")
+    assert sorted(m.key().decode() for m in retries) == ["k10", "k8", "k9"]
+    dead = read_all(bootstrap, f"{topic}.{group}.dlt")
+    assert sorted(m.key().decode() for m in dead) == ["k6", "k7"]
+    entries = [Entry.decode(m.value()) for m in read_all(bootstrap, ledger_topic(group))]
+    assert [(e.batch, e.state, e.report["by"]) for e in entries][:1] == [
+        (0, ROUTING, "route_failures")]
+    assert {tuple(mark.rpartition(":")[::2]) for mark in entries[0].marks} == {
+        (f"{topic}.{group}.retry.1s", "0"), (f"{topic}.{group}.dlt", "0")}
+
+
+def test_route_failures_refuses_a_batch_id_that_is_not_one(spark: Any, bootstrap: str) -> None:
+    frame = spark.range(1).selectExpr("CAST(NULL AS STRUCT<type: STRING, message: STRING>) "
+                                      "AS error")
+    for wrong in (-1, "3", True):
+        with pytest.raises(InvalidArgument, match=rf"batch_id={wrong!r}"):
+            route_failures(frame, bootstrap, "g", POLICY, batch_id=wrong)  # type: ignore[arg-type]
+
+
 def decoded_frame(spark: Any, rows: list[tuple[str, list[tuple[str, bytes]], str]]) -> Any:
     """A DataFrame of (topic, headers, value) rows with the `redrive` column, decoded as the
     source's reader decodes it."""
