@@ -1,11 +1,11 @@
 """A group's dead-letter topic as a table, on real Spark and the session's broker: redrive's,
 Spring Kafka's, Kafka Connect's and Kafka Streams' dead letters decoded into the same columns,
-queried with SQL, and a selection replayed through the replay log, each record once."""
+queried with SQL, and a selection replayed through the replay log, each record once, on the
+classic session and on Spark Connect."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,10 +115,16 @@ def letters(bootstrap: str, new_topic: Any, unique_name: Any) -> Letters:
     return Letters(topic, group, dlt)
 
 
+@pytest.fixture(params=["classic", "connect"])
+def session(request: pytest.FixtureRequest) -> Any:
+    """The classic session, then the Spark Connect one: the table and replays serve both."""
+    return request.getfixturevalue("spark" if request.param == "classic" else "connect_spark")
+
+
 def test_each_system_s_dead_letters_decode_into_the_same_columns(
-        spark: Any, bootstrap: str, letters: Letters) -> None:
+        session: Any, bootstrap: str, letters: Letters) -> None:
     rows = {bytes(r["key"]).decode(): r.asDict()
-            for r in dead_letters(spark, bootstrap, letters.topic, letters.group).collect()}
+            for r in dead_letters(session, bootstrap, letters.topic, letters.group).collect()}
     assert sorted(rows) == sorted(["bad0", "bad1", "bad2", "odd", "routed", "broken", "spring",
                                    "connect", "streams", "plain"])
 
@@ -209,10 +215,10 @@ def test_an_empty_dead_letter_topic_gives_no_rows_and_an_unknown_one_is_named(
 
 
 def test_a_selection_is_replayed_to_its_original_topic_once(
-        spark: Any, bootstrap: str, letters: Letters) -> None:
-    dead_letters(spark, bootstrap, letters.topic, letters.group) \
+        session: Any, bootstrap: str, letters: Letters) -> None:
+    dead_letters(session, bootstrap, letters.topic, letters.group) \
         .createOrReplaceTempView("dead_letters_replay")
-    selection = spark.sql("SELECT * FROM dead_letters_replay WHERE error_type = 'app.ParseError'")
+    selection = session.sql("SELECT * FROM dead_letters_replay WHERE error_type = 'app.ParseError'")
 
     [dry] = replay_selection(selection, bootstrap, dry_run=True)
     assert (dry.selected, dry.replayed) == (3, [])
@@ -275,16 +281,3 @@ def test_replay_to_the_retry_topic_and_what_it_refuses(
     assert [(s.source, s.why) for s in skipped.skipped] == [
         ((letters.dlt, 1, 2), "destination topic 'inventory' does not exist")]
 
-
-def test_the_table_on_spark_connect(connect_spark: Any, bootstrap: str,
-                                    letters: Letters) -> None:
-    table = dead_letters(connect_spark, bootstrap, letters.topic, letters.group)
-    rows = {bytes(r["key"]).decode(): r for r in table.collect()}
-    assert Counter(r["system"] for r in rows.values()) == {
-        "redrive": 5, "spring": 1, "connect": 1, "streams": 1, None: 2}
-    assert (rows["bad2"]["original_offset"], rows["spring"]["original_partition"],
-            stamp_ms(rows["odd"]["first_failure"])) == (12, 2, FAILED_MS)
-    assert rows["broken"]["problem"] is not None
-    [dry] = replay_selection(table.where("error_type = 'app.ParseError'"), bootstrap,
-                             dry_run=True)
-    assert (dry.selected, len(dry.planned)) == (3, 3)
