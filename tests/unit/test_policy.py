@@ -92,6 +92,10 @@ def test_custom_backoff() -> None:
     (lambda: Backoff.exponential(multiplier=0.5), "backoff.multiplier"),
     (lambda: Backoff.exponential(initial="1m", max="1s"), "backoff.max"),
     (lambda: Backoff.exponential(jitter=1.5), "backoff.jitter"),
+    (lambda: Backoff.exponential(jitter="x"), "backoff.jitter"),  # type: ignore[arg-type]
+    (lambda: Backoff.exponential(multiplier="2"), "backoff.multiplier"),  # type: ignore[arg-type]
+    (lambda: Backoff.custom("10s"), "backoff.custom"),  # type: ignore[arg-type]
+    (lambda: RetryPolicy(not_retryable=42), "not_retryable"),  # type: ignore[arg-type]
     (lambda: Backoff.sequence(""), "backoff.sequence"),
     (lambda: Backoff.sequence("5s,,1m"), "backoff.sequence[1]"),
     (lambda: RetryPolicy(max_retry_period="0s"), "max_retry_period"),

@@ -100,6 +100,10 @@ class Exponential(Backoff):
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        for name in ("multiplier", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidPolicy(f"backoff.{name}", value, "must be a number")
         if self.initial <= 0:
             raise InvalidPolicy("backoff.initial", self.initial, "must be positive")
         if not self.multiplier >= 1.0:
@@ -159,6 +163,11 @@ class Custom(Backoff):
 
     function: Callable[[int], Duration]
     name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if not callable(self.function):
+            raise InvalidPolicy("backoff.custom", self.function,
+                                "must be a function from the retry number to a duration")
 
     def nominal_ms(self, retry: int) -> int:
         _check_retry(retry)

@@ -148,8 +148,11 @@ def as_matcher(spec: MatcherSpec | None, field: str, default: ErrorMatcher) -> E
         return spec
     if isinstance(spec, str | type):
         items: list[type[BaseException] | str] = [spec]
-    else:
+    elif isinstance(spec, Iterable):
         items = list(spec)
+    else:
+        raise InvalidPolicy(field, spec, "expected an ErrorMatcher, exception classes or class "
+                            "names")
     try:
         return error_type(*items)
     except InvalidPolicy as exc:
