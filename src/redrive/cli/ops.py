@@ -51,7 +51,8 @@ def _connect(bootstrap: str) -> kafka.Connection:
 
 _connection_options = with_options([
     bootstrap_option,
-    click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True,
+    click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+                 default=10.0, show_default=True,
                  help="Seconds to wait for the broker before giving up."),
 ])
 
@@ -238,7 +239,8 @@ def dlt_replay(bootstrap: str, timeout_s: float, topic: str | None, group: str |
 
 
 class _LazyBar:
-    """A progress bar on stderr, made once the replay knows how many records it selected."""
+    """A progress bar on stderr, made once the replay knows how many records it selected; none
+    where stderr is not a terminal (click would print its bare label there, once)."""
 
     def __init__(self, stack: contextlib.ExitStack, label: str) -> None:
         self._stack = stack
@@ -246,6 +248,8 @@ class _LazyBar:
         self._bar: Any = None  # click's ProgressBar, whose class click does not export
 
     def advance(self, count: int, total: int) -> None:
+        if not sys.stderr.isatty():
+            return
         if self._bar is None:
             self._bar = self._stack.enter_context(click.progressbar(
                 length=total, label=self._label, file=sys.stderr))

@@ -198,6 +198,10 @@ def make_filter(*, reasons: Sequence[str] = (), error_types: Sequence[str] = (),
     for partition in partitions:
         if partition < 0:
             raise InvalidArgument("partition", partition, "must be >= 0")
+    for reason in reasons:
+        # A mistyped reason would select nothing and read as "no such dead letters".
+        if reason not in h.REASONS:
+            raise InvalidArgument("reason", reason, f"expected one of {', '.join(h.REASONS)}")
     return DeadLetterFilter(frozenset(reasons), frozenset(error_types), since_ms, until_ms,
                   frozenset(keys), tuple(parse_header_match(m) for m in headers),
                   frozenset(partitions))
@@ -240,6 +244,10 @@ class Reader:
 
     def records(self, selection: DeadLetterFilter | None = None) -> Iterator[DeadLetterRecord]:
         selection = selection or DeadLetterFilter()
+        beyond = sorted(p for p in selection.partitions if p >= self._partitions)
+        if beyond:
+            raise InvalidArgument("partition", beyond[0],
+                                  f"{self.topic} has partitions 0..{self._partitions - 1}")
         for message in read_topic(self.connection, self.topic, self._partitions,
                                   idle_s=self.timeout_s, narrow=selection.offsets):
             letter = DeadLetterRecord.of(consumed(message))

@@ -369,6 +369,7 @@ def test_a_record_replayed_again_shows_every_replay(bootstrap: str, new_topic: N
     cli = run_cli("dlt", "replay", "-b", bootstrap, "--dlt-topic", dlt, "--to", "original",
                   "--record", "0:0", "--again", "--actor", "oncall@test")
     assert cli.exit_code == 0 and "replayed 1 of 1" in cli.stdout, cli.output
+    assert cli.stderr == ""  # no progress bar off a terminal, not even its label
     replays = web.get(f"/api/dead-letters/{dlt}/0/0").json()["replays"]
     assert [r["who"] for r in replays] == ["oncall@test", "redrive ui", "redrive ui"]
     entry = web.get("/api/replays", params={"dlt": dlt}).json()[0]

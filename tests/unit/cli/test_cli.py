@@ -127,3 +127,19 @@ def test_topics_plan_with_bad_delay_tiers_names_them() -> None:
                                       "--delay-queue", "1s,,1m"])
     assert result.exit_code != 0 and "tiers='1s,,1m'" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "soon"])
+@pytest.mark.parametrize("command", [
+    ["dlt", "ls", "--dlt-topic", "orders.billing.dlt"],
+    ["stats", "--topic", "orders", "--group", "billing"],
+    ["resume", "--group", "billing"],
+])
+def test_a_timeout_that_is_not_a_positive_number_is_refused_before_connecting(
+        command: list[str], timeout: str) -> None:
+    # -1 made librdkafka wait forever on a broker that is down.
+    result = CliRunner().invoke(cli, [*command, "-b", "127.0.0.1:1", "--timeout", timeout])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--timeout'" in result.stderr
+    assert ("is not in the range x>0" if timeout != "soon" else "is not a valid float") \
+        in result.stderr

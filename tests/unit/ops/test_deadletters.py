@@ -112,6 +112,7 @@ def test_times() -> None:
     ({"headers": ["=acme"]}, "header"),
     ({"since": "1h", "until": "2h"}, "since"),
     ({"partitions": [-1]}, "partition"),
+    ({"reasons": ["exhaused"]}, "reason"),  # a typo would select nothing, silently
 ])
 def test_bad_filters_name_the_field(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidArgument, match=f"invalid {field}="):
