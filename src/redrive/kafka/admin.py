@@ -45,6 +45,9 @@ def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
         try:
             future.result(timeout=timeout_s)
             created.append(name)
+        except TimeoutError as exc:
+            raise BrokerUnavailable(_bootstrap(admin_), f"creating topic {name!r} got no "
+                                    f"answer in {timeout_s:g} s") from exc
         except KafkaException as exc:
             error = exc.args[0]
             if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
