@@ -8,6 +8,7 @@ of one outcome, not one entry per record: counting costs the same for a run of a
 from __future__ import annotations
 
 import logging
+import shlex
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -81,9 +82,10 @@ class Brake:
     """
 
     def __init__(self, limit: DeadLetterLimit, group: str, metrics: Metrics,
-                 watch: Callable[[], ResumeWatch]) -> None:
+                 watch: Callable[[], ResumeWatch], bootstrap: str) -> None:
         self.limit = limit
         self.group = group
+        self.bootstrap = bootstrap  # for the resume command the warning prints
         self._metrics = metrics
         self._new_watch = watch
         self._watch: ResumeWatch | None = None
@@ -93,7 +95,8 @@ class Brake:
     @classmethod
     def of(cls, limit: DeadLetterLimit, group: str, metrics: Metrics,
            connection: kafka.Connection) -> Brake:
-        return cls(limit, group, metrics, lambda: ResumeWatch(connection, group))
+        bootstrap = str(kafka.client_config(connection)["bootstrap.servers"])
+        return cls(limit, group, metrics, lambda: ResumeWatch(connection, group), bootstrap)
 
     def _window(self, tp: PartitionKey) -> Window:
         window = self._windows.get(tp)
@@ -124,9 +127,9 @@ class Brake:
         then = ("until resumed" if cool_off is None else f"for {cool_off / 1000:g} s or until "
                 "resumed")
         log.warning("group %s: dead-letter brake stopped %s[%d] at offset %d (%s); held %s: "
-                    "redrive resume -b BOOTSTRAP --group %s --topic %s --partition %d",
+                    "redrive resume -b %s --group %s --topic %s --partition %d",
                     self.group, tp[0], tp[1], record.offset, self.limit.describe(), then,
-                    self.group, tp[0], tp[1])
+                    shlex.quote(self.bootstrap), self.group, tp[0], tp[1])
         return True
 
     def poll_resumes(self, consumer: Pausable, holds: Holds) -> list[PartitionKey]:

@@ -102,14 +102,16 @@ def record(tp: tuple[str, int], offset: int) -> Record:
     return made
 
 
-def test_brake_holds_the_partition_at_the_dead_letter_that_passes_and_resume_releases_it() -> None:
+def test_brake_holds_the_partition_at_the_dead_letter_that_passes_and_resume_releases_it(
+        caplog: pytest.LogCaptureFixture) -> None:
     metrics, watch, made = Metrics("consumer", "g"), Watch(), []
 
     def new_watch() -> Watch:
         made.append(1)
         return watch
 
-    brake = Brake(DeadLetterLimit(consecutive=2), "g", metrics, new_watch)  # type: ignore[arg-type]
+    brake = Brake(DeadLetterLimit(consecutive=2), "g", metrics, new_watch,  # type: ignore[arg-type]
+                  "kafka-1:9092,kafka-2:9092")
     holds, consumer = Holds(), Calls()
     brake.succeeded(A, 5)
     assert not brake.stops(consumer, holds, A, record(A, 5), "orders")
@@ -117,6 +119,9 @@ def test_brake_holds_the_partition_at_the_dead_letter_that_passes_and_resume_rel
     assert not made and not consumer.made  # no watch until a trip
     assert brake.stops(consumer, holds, A, record(A, 7), "orders")
     assert made == [1] and brake.stopped == {A: "orders"} and A in holds
+    # The warning's command can be pasted as it is.
+    assert ("redrive resume -b kafka-1:9092,kafka-2:9092 --group g --topic orders --partition 0"
+            in caplog.text)
     assert consumer.made == [("pause", [("orders", 0, 7)]), ("seek", [("orders", 0, 7)])]
     assert holds.wait_s(0, 0.5) == 0.5  # held until resumed: the poll wait is unchanged
     assert holds.release_due(consumer, UNTIL_RESUMED_MS - 1) == []
@@ -137,7 +142,7 @@ def test_brake_holds_the_partition_at_the_dead_letter_that_passes_and_resume_rel
 
 def test_a_cool_off_releases_the_stop_and_a_success_ends_a_run_of_dead_letters() -> None:
     brake = Brake(DeadLetterLimit(consecutive=1, cool_off="1s"), "g", Metrics("consumer", "g"),
-                  Watch)  # type: ignore[arg-type]
+                  Watch, "broker:9092")  # type: ignore[arg-type]
     holds, consumer = Holds(), Calls()
     assert not brake.stops(consumer, holds, B, record(B, 1), "orders")
     brake.succeeded(B)
