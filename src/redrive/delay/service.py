@@ -432,6 +432,14 @@ def ensure_topics(connection: kafka.Connection, tiers: Tiers,
         counts = kafka.topic_partitions(admin)
         missing = [topic for topic in tiers.owned_topics if topic not in counts]
         if not missing:
+            for topic in tiers.owned_topics:
+                if counts[topic] < partitions:
+                    # A tier a producer wrote to before the service first ran, on a broker
+                    # that creates topics on first use: it serves, with less parallelism.
+                    log.warning("delay tier %s has %d partition(s), fewer than the %d this "
+                                "service creates: a broker made it when it was first written "
+                                "to; add partitions with your Kafka tools if it needs them",
+                                topic, counts[topic], partitions)
             return created
         if now_ms() > deadline:
             raise DelayServiceError(f"topics {missing} still missing from metadata after "

@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from redrive import headers as h
 from redrive import kafka
 from redrive.delay import DelayService, Tiers, schedule
+from redrive.delay.service import ensure_topics
 
 from .conftest import SERVICE_LATENCY_MS, Arrival, Reader, now_ms, running, warm_producer
 
@@ -311,3 +312,17 @@ def test_held_partitions_and_the_oldest_waiting_record_are_reported(
         waited = service.metrics.value("redrive_oldest_pending_retry_seconds")
         assert 0.9 <= waited < 5.0
         assert service.metrics.value("redrive_rebalances_total", kind="assign") >= 1
+
+
+def test_a_tier_a_producer_created_first_is_kept_and_named_in_a_warning(
+        bootstrap: str, tiers: Tiers, caplog: pytest.LogCaptureFixture) -> None:
+    # As when `schedule` writes before the service first ran, on a broker creating topics on use.
+    first = tiers.tiers[0].topic
+    kafka.create_topics(kafka.admin(bootstrap), {first: 1})
+    created = ensure_topics(bootstrap, tiers, partitions=2)
+    assert first not in created and len(created) == len(tiers.owned_topics) - 1
+    assert kafka.topic_partitions(kafka.admin(bootstrap))[first] == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"delay tier {first} has 1 partition(s), fewer than the 2 this service "
+                      "creates: a broker made it when it was first written to; add partitions "
+                      "with your Kafka tools if it needs them"]
