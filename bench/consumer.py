@@ -31,7 +31,9 @@ P2  main-topic records/s with --fail-rate of records failing once / with none, w
 P3  lateness past due of the retried records, p50 and p99 (goal p99 <= 250 ms), measured while
     records are written at a steady rate the consumer keeps up with; beside it the lateness of P2's
     retries, which wait behind a backlog read flat out; and how many records of all runs were
-    handled before their due time (must be 0).
+    handled before their due time (must be 0). And the lateness behind a backlog with a slow
+    handler (SLOW_HANDLER_MS of waiting a record, as a call to a service would): a retry is taken
+    between poll batches, so it waits for the batch in hand.
 With --json the last line is one JSON object of the figures.
 """
 
@@ -64,6 +66,7 @@ PARTITIONS = 4
 VALUE_BYTES = 100
 BACKOFF_MS = 100
 PACED_RATE = 5_000
+SLOW_HANDLER_MS = 5
 BATCH = 500
 QUIET_LOG = logging.getLogger("bench.consumer.client")
 QUIET_LOG.addHandler(logging.NullHandler())
@@ -109,6 +112,12 @@ def make_work(handler_us: float) -> Work:
         return len(value or b"")
 
     return busy_work
+
+
+def waiting_work(value: bytes | None) -> int:
+    """A slow handler's work: a wait on a service, not CPU."""
+    time.sleep(SLOW_HANDLER_MS / 1000)
+    return len(value or b"")
 
 
 def _timed_sum(count: int) -> float:
@@ -420,8 +429,8 @@ def main() -> int:
         parser.error(f"invalid --fail-rate={args.fail_rate!r}: must be between 0 and 1")
     if args.handler_us <= 0:
         parser.error(f"invalid --handler-us={args.handler_us!r}: must be positive")
-    records, runs, blocking_runs, blocking_records = \
-        (300_000, 5, 3, 400) if args.quick else (1_000_000, 9, 9, 2_000)
+    records, runs, blocking_runs, blocking_records, slow_records = \
+        (300_000, 5, 3, 400, 1_000) if args.quick else (1_000_000, 9, 9, 2_000, 3_000)
     # The working handler's topic is sized so that its runs take a few times as long as trivial
     # ones (a trivial record costs about 1 us), enough for their rates to settle.
     working_records = max(10_000, min(records, int(records * 3 / (1 + args.handler_us))))
@@ -446,6 +455,9 @@ def main() -> int:
         delete_topics(bootstrap, [working.topic])
         paced = paced_run(bootstrap, PACED_RATE, 4.0 if args.quick else 10.0, working.work,
                           args.fail_rate)
+        slow_topic = fill(bootstrap, slow_records)
+        slow = redrive_run(bootstrap, slow_topic, slow_records, waiting_work, args.fail_rate)
+        delete_topics(bootstrap, [slow_topic])
     finally:
         if broker is not None:
             broker.close()
@@ -461,7 +473,7 @@ def main() -> int:
         "p3_p50_ms": round(percentile(lateness, 0.50), 1),
         "p3_p99_ms": round(percentile(lateness, 0.99), 1),
         "early": sum(run.early for p in (trivial, working)
-                     for run in [*p.failing, *p.failing_dq]) + paced.early,
+                     for run in [*p.failing, *p.failing_dq]) + paced.early + slow.early,
         "handler_us": args.handler_us,
         "p1_working": round(statistics.median(working.p1_rounds), 3),
         "p2_trivial": round(statistics.median(trivial.p2_rounds), 3),
@@ -470,6 +482,8 @@ def main() -> int:
         "p3_backlog_p50_ms": round(percentile(backlog_lateness, 0.50), 1),
         "p3_backlog_p99_ms": round(percentile(backlog_lateness, 0.99), 1),
         "p2_delayqueue": round(statistics.median(working.p2_delay_queue_rounds), 3),
+        "p3_slow_backlog_p50_ms": round(percentile(slow.lateness_ms, 0.50), 1),
+        "p3_slow_backlog_p99_ms": round(percentile(slow.lateness_ms, 0.99), 1),
     }
     pct = f"{args.fail_rate:.0%}"
     us = f"{args.handler_us:g} us"
@@ -502,6 +516,11 @@ def main() -> int:
         ("P3 lateness p50 (ms), P2's backlog", f"{figures['p3_backlog_p50_ms']:.1f}", "",
          f"{len(backlog_lateness)} retries behind a backlog read flat out"),
         ("P3 lateness p99 (ms), P2's backlog", f"{figures['p3_backlog_p99_ms']:.1f}", "", ""),
+        (f"P3 lateness p50 (ms), backlog, {SLOW_HANDLER_MS} ms handler",
+         f"{figures['p3_slow_backlog_p50_ms']:.1f}", "",
+         f"{len(slow.lateness_ms)} retries behind {slow_records:,} records"),
+        (f"P3 lateness p99 (ms), backlog, {SLOW_HANDLER_MS} ms handler",
+         f"{figures['p3_slow_backlog_p99_ms']:.1f}", "", ""),
         ("P3 handled before due", str(figures["early"]), "0", "all runs"),
     ]
     print(f"consumer benchmark: {records:,} records (working handler: {working_records:,}) x "

@@ -56,6 +56,7 @@ from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.brakes import Brake
 from redrive.consumer.committer import Committer
 from redrive.consumer.in_place import InPlaceRetries
+from redrive.consumer.pace import MainBatchSize
 from redrive.consumer.plain import handle_plain
 from redrive.consumer.readers import CONSUMER_OVERRIDES, Readers
 from redrive.consumer.routes import Routes
@@ -149,6 +150,7 @@ class RetryingConsumer:
         self._metrics_port = metrics_port
         self._create_topics = create_topics
         self._batch_size = batch_size
+        self._main_batch = MainBatchSize(batch_size)
         self._poll_timeout_s = float(poll_timeout_s)
         self._timeout_s = float(timeout_s)
 
@@ -252,13 +254,17 @@ class RetryingConsumer:
                     if consumer.reading_retries:
                         retries = consumer.consume_retries(self._batch_size)
                         wait_s = 0.0 if retries else min(wait_s, RETRY_POLL_S)
-                    messages = consumer.consume(self._batch_size, wait_s)
+                    count = (self._main_batch.size() if consumer.reading_retries
+                             else self._batch_size)
+                    messages = consumer.consume(count, wait_s)
                     if retries:
                         # One batch, so one commit: retry and main partitions are distinct, so
                         # each partition's records stay in order.
                         messages = retries + messages
                     if messages:
+                        started = time.perf_counter()
                         self._handle_batch(messages)
+                        self._main_batch.took(len(messages), time.perf_counter() - started)
                     elif committer.unconfirmed:
                         committer.settle()
                     if self.health.down:
