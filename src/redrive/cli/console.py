@@ -7,6 +7,7 @@ import click
 from redrive.cli.options import bootstrap_option
 from redrive.delay.service import DEFAULT_GROUP
 from redrive.delay.tiers import DEFAULT_PREFIX
+from redrive.errors import RedriveError
 
 
 @click.command("ui")
@@ -35,11 +36,14 @@ def ui_command(bootstrap: str, host: str, port: int, token: str | None,
     except ImportError as exc:
         raise click.ClickException(f"the console needs redrive's `ui` extra "
                                    f"(pip install 'redrive[ui]'): {exc}") from exc
-    click.echo(f"redrive console on http://{host}:{port}/ "
-               f"({'replay enabled' if token else 'read-only: no --token'})")
     from redrive.store import RetryStore
 
-    store = RetryStore(store_url) if store_url else None
+    try:
+        store = RetryStore(store_url, create=False) if store_url else None
+    except RedriveError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"redrive console on http://{host}:{port}/ "
+               f"({'replay enabled' if token else 'read-only: no --token'})")
     try:
         uvicorn.run(create_app(bootstrap, token=token, store=store,
                                delay=DelayTiers(delay_prefix, delay_group)),

@@ -29,16 +29,20 @@ def store_command(ctx: click.Context, url: str) -> None:
     ctx.obj = url
 
 
-def _open(ctx: click.Context) -> RetryStore:
+# A row id is a positive 64-bit integer in both databases (larger ones raised from the driver).
+_ROW_ID = click.IntRange(1, 2**63 - 1)
+
+
+def _open(ctx: click.Context, *, create: bool = False) -> RetryStore:
     try:
-        return RetryStore(str(ctx.obj))
+        return RetryStore(str(ctx.obj), create=create)
     except RedriveError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
 def _filters(function: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.argument("ids", nargs=-1, type=int),
+        click.argument("ids", nargs=-1, type=_ROW_ID),
         click.option("--group", default=None, help="Only this consumer group / pipeline."),
         click.option("--topic", default=None, help="Only records of this original topic."),
         click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES),
@@ -79,7 +83,7 @@ def _narrowed(where: RowFilter, action: str) -> RowFilter:
 
 @store_command.command("run")
 @bootstrap_option
-@click.option("--batch-size", type=int, default=500, show_default=True,
+@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
               help="Due rows taken per pass.")
 @click.option("--idle", "idle_s", type=float, default=0.05, show_default=True,
               help="Seconds to wait between passes when nothing more is due.")
@@ -94,7 +98,7 @@ def run_command(ctx: click.Context, bootstrap: str, batch_size: int, idle_s: flo
     """Republish due retries until SIGTERM or Ctrl-C (run several to share the work on
     PostgreSQL)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    store = _open(ctx)
+    store = _open(ctx, create=True)
     try:
         scheduler = Scheduler(store, bootstrap, batch_size=batch_size, idle_s=idle_s,
                               webhook=webhook, lease_s=to_ms(lease, "--lease") / 1000)
@@ -111,7 +115,7 @@ def run_command(ctx: click.Context, bootstrap: str, batch_size: int, idle_s: flo
 
 @store_command.command("ls")
 @_filters
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.pass_context
 def ls_command(ctx: click.Context, /, limit: int, **filters: Any) -> None:
     """List stored retries (oldest first), with a count per status."""
@@ -141,7 +145,7 @@ def _due_in(row: StoredRetry, now: int) -> str:
 
 
 @store_command.command("show")
-@click.argument("retry_id", type=int)
+@click.argument("retry_id", type=_ROW_ID)
 @click.pass_context
 def show_command(ctx: click.Context, retry_id: int) -> None:
     """Everything stored about one retry: its record, history and last error."""

@@ -29,10 +29,16 @@ class StoreUnavailable(RedriveError):
         super().__init__(f"retry store {url}: {why}")
 
 
-def database_url(url: str | Path) -> str:
+def database_url(url: str | Path, *, create: bool = True) -> str:
+    """The SQLAlchemy URL of a store. A file path is SQLite's: with `create` its folders are
+    made, else it must exist (a mistyped path must not read as an empty store)."""
     if isinstance(url, Path) or "://" not in url:
         path = Path(url).expanduser().resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.is_file():
+            raise StoreUnavailable(str(path), "no such file (a consumer with a StoreBackend, or "
+                                   "`redrive store run`, creates the store)")
         return f"sqlite:///{path}"
     # psycopg 3 is the PostgreSQL driver redrive depends on; plain URLs mean it.
     for prefix in ("postgresql://", "postgres://"):

@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, delete, func, select, text, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError
@@ -56,10 +56,13 @@ class UnknownRetry(RedriveError, LookupError):
 
 
 class RetryStore:
-    """The durable retry store. `url`: a file path (SQLite) or a SQLAlchemy database URL."""
+    """The durable retry store. `url`: a file path (SQLite) or a SQLAlchemy database URL;
+    `create=False` for a SQLite file that must exist already (tools that only look or act on
+    what a store holds)."""
 
-    def __init__(self, url: str | Path = DEFAULT_PATH, *, migrate: bool = True) -> None:
-        self.url = database_url(url)
+    def __init__(self, url: str | Path = DEFAULT_PATH, *, migrate: bool = True,
+                 create: bool = True) -> None:
+        self.url = database_url(url, create=create)
         try:
             self.engine: Engine = engine(self.url)
         except ArgumentError as exc:
@@ -89,11 +92,17 @@ class RetryStore:
     @contextmanager
     def _begin(self, *, read_only: bool = False) -> Iterator[Connection]:
         try:
-            with self.engine.connect() as conn:
+            with self._connect() as conn:
                 conn.execution_options(**{READ_ONLY: read_only})
                 with conn.begin():
                     yield conn
         except OperationalError as exc:
+            raise StoreUnavailable(self.display_url, str(exc.orig or exc).strip()) from exc
+
+    def _connect(self) -> Connection:
+        try:
+            return self.engine.connect()
+        except DatabaseError as exc:  # unreachable, or a file that is not a database
             raise StoreUnavailable(self.display_url, str(exc.orig or exc).strip()) from exc
 
     # --- schema --------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from click.testing import CliRunner
 
 from redrive.cli.store import store_command
@@ -81,4 +83,16 @@ def test_actions_refuse_to_touch_everything_and_name_bad_values(store: RetryStor
     assert code == 2 and "'lost' is not one of" in out
     code, out = invoke(store, "purge", "--status", "pending")
     assert code == 1 and "invalid status='pending'" in out
+    code, out = invoke(store, "ls", "--limit", "-1")  # PostgreSQL raised, SQLite listed all
+    assert code == 2 and "Invalid value for '--limit'" in out
+    code, out = invoke(store, "show", str(2**64))
+    assert code == 2 and "Invalid value for 'RETRY_ID'" in out
     assert store.counts() == {DEAD: 3, PENDING: 1, PARKED: 1}
+
+
+def test_a_mistyped_store_path_is_an_error_not_an_empty_store(tmp_path: Path) -> None:
+    typo = tmp_path / "no" / "such" / "store.db"
+    result = CliRunner().invoke(store_command, ["--url", str(typo), "ls", "--status", "dead"])
+    assert result.exit_code == 1
+    assert f"retry store {typo}: no such file" in result.output
+    assert not (tmp_path / "no").exists()

@@ -14,7 +14,7 @@ from redrive.consumer import RetryingConsumer
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.store import RetryStore, StoreBackend, StoredRetry
-from redrive.store.database import database_url
+from redrive.store.database import StoreUnavailable, database_url
 from redrive.store.notify import describe
 from redrive.store.outcomes import WRITTEN_COLUMNS, entry_row
 from redrive.store.rows import (
@@ -46,6 +46,16 @@ def test_urls_paths_and_drivers(tmp_path: Path) -> None:
     assert database_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
     assert database_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
     assert database_url("sqlite:///x.db") == "sqlite:///x.db"
+    # A tool that only looks at a store: a mistyped path is an error, and nothing is made.
+    with pytest.raises(StoreUnavailable, match=r"b/s.db: no such file"):
+        database_url(str(tmp_path / "b" / "s.db"), create=False)
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_file_that_is_not_a_database_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a database")
+    with pytest.raises(StoreUnavailable, match=r"notes.txt: file is not a database"):
+        RetryStore(tmp_path / "notes.txt")
 
 
 def test_headers_survive_encoding_byte_for_byte() -> None:
