@@ -265,6 +265,8 @@ class Console:
         """Requeue a group's dead rows, or cancel its pending ones; return how many."""
         if self.store is None:
             raise InvalidArgument("store", None, "the console was started without --store-url")
+        if action not in ("requeue", "cancel"):
+            raise InvalidArgument("action", action, "expected 'requeue' or 'cancel'")
         where = RowFilter(group=wanted.group, topic=wanted.topic or None,
                           statuses=(wanted.status,))
         if action == "requeue" and wanted.status == DEAD:
@@ -351,6 +353,8 @@ class Console:
 
     def replay(self, request: ReplayRequest) -> ReplayReport:
         coordinates = frozenset(parse_coordinates(value) for value in request.records)
+        if coordinates:
+            self._check_places(request.dlt, coordinates)
         to_topic = None
         if request.to == TO_RETRY:
             to_topic = self._first_retry_topic(request.dlt)
@@ -370,6 +374,21 @@ class Console:
         return replay(self.connection, request.dlt, to=request.to, to_topic=to_topic,
                       selection=selection, dry_run=request.dry_run, rate=request.rate,
                       again=request.again, actor="redrive ui", timeout_s=self.timeout_s)
+
+    def _check_places(self, dlt: str, places: frozenset[tuple[int, int]]) -> None:
+        """Refuse a named record the topic cannot hold (a replay of it would select nothing
+        and read as done)."""
+        marks = Reader(self.connection, dlt, self.timeout_s).marks()
+        for partition, offset in sorted(places):
+            if partition not in marks:
+                raise InvalidArgument("records", f"{partition}:{offset}",
+                                      f"{dlt} has partitions 0..{len(marks) - 1}")
+            low, high = marks[partition]
+            if not low <= offset < high:
+                raise InvalidArgument("records", f"{partition}:{offset}",
+                                      f"{dlt}[{partition}] holds no record there (offsets "
+                                      f"{low}..{high - 1})" if high > low else
+                                      f"{dlt}[{partition}] holds no record")
 
     def _first_retry_topic(self, dlt: str) -> str:
         stem = dlt[:-len(_DLT_SUFFIX)] if dlt.endswith(_DLT_SUFFIX) else ""

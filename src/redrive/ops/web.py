@@ -17,12 +17,12 @@ from urllib.parse import urlencode
 
 from confluent_kafka import KafkaException
 from fastapi import FastAPI, Form, Header, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from redrive import kafka
 from redrive.clock import now_ms
-from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
+from redrive.errors import BrokerUnavailable, InvalidArgument, RedriveError, UnknownTopic
 from redrive.ops.console import (
     PAGE_SIZE,
     Console,
@@ -98,6 +98,14 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
 
     def problem(request: Request, error: Exception, status: int) -> HTMLResponse:
         return page(request, "problem.html", status, message=str(error))
+
+    @app.exception_handler(BrokerUnavailable)
+    @app.exception_handler(KafkaException)
+    def cluster_down(request: Request, error: Exception) -> Response:
+        # Any page or call that reads the cluster: 503 naming the brokers, not a 500.
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": f"the cluster cannot be read: {error}"}, 503)
+        return problem(request, error, 503)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def overview(request: Request) -> HTMLResponse:
@@ -294,6 +302,8 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
             report = console.replay(wanted)
         except UnknownTopic as exc:
             return problem(request, exc, 404)
+        except BrokerUnavailable:
+            raise
         except RedriveError as exc:
             return problem(request, exc, 400)
         return page(request, "replayed.html", dlt=dlt, report=report, wanted=wanted)
@@ -309,6 +319,8 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
             return report_json(console.replay(wanted))
         except UnknownTopic as exc:
             raise HTTPException(404, str(exc)) from exc
+        except BrokerUnavailable:
+            raise
         except RedriveError as exc:
             raise HTTPException(400, str(exc)) from exc
 

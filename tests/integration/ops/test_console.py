@@ -169,10 +169,22 @@ def test_bad_input_gets_a_clear_message(bootstrap: str, unique_name: UniqueName,
 
 
 def test_a_broker_that_is_down_shows_as_down() -> None:
-    web = client("127.0.0.1:1")
+    web = TestClient(create_app("127.0.0.1:1", token=TOKEN, timeout_s=1.0))
     page = web.get("/")
     assert page.status_code == 503 and 'id="broker-down"' in page.text
     assert web.get("/api/dead-letter-topics").status_code == 503
+    # Every page and call that reads the cluster: 503 naming it (they were 500s).
+    dlt = "orders.billing.dlt"
+    for path in [f"/api/dead-letters/{dlt}", f"/api/dead-letters/{dlt}/0/0"]:
+        answer = web.get(path)
+        assert answer.status_code == 503, path
+        assert "no Kafka broker reachable at bootstrap.servers='127.0.0.1:1'" in \
+            answer.json()["detail"]
+    for path in [f"/dead-letters/{dlt}", f"/dead-letters/{dlt}/0/0"]:
+        answer = web.get(path)
+        assert answer.status_code == 503 and "no Kafka broker reachable" in answer.text, path
+    replay = web.post("/api/replay", json={"dlt": dlt, "records": ["0:0"]}, headers=AUTH)
+    assert replay.status_code == 503 and "no Kafka broker reachable" in replay.json()["detail"]
 
 
 def test_a_large_topic_is_read_from_its_end_only_as_far_as_the_page_needs(
@@ -219,6 +231,10 @@ def test_the_store_page_counts_rows_and_requeues_or_cancels_with_the_token(
         assert store.counts() == {PENDING: 5}
         wrong = web.post("/api/store/cancel", json=act, headers=auth)
         assert wrong.status_code == 400 and "status" in wrong.json()["detail"]
+        unknown = web.post("/api/store/delete", json=act, headers=auth)
+        assert unknown.status_code == 400
+        assert unknown.json()["detail"] == ("invalid action='delete': expected 'requeue' or "
+                                            "'cancel'")
         cancelled = web.post("/store/cancel", data={"group": "billing", "status": PENDING,
                                                     "token": TOKEN})
         assert cancelled.status_code == 200 and "cancel: 5 row(s) of billing" in cancelled.text
@@ -345,6 +361,12 @@ def test_a_record_replayed_again_shows_every_replay(bootstrap: str, new_topic: N
     web = client(bootstrap)
     one = {"dlt": dlt, "records": ["0:0"], "to": "original", "dry_run": False}
 
+    # A record the topic does not hold is refused, not "replayed" with nothing selected.
+    for place, why in [("0:9", f"{dlt}[0] holds no record there (offsets 0..0)"),
+                       ("3:0", f"{dlt} has partitions 0..0")]:
+        missing = web.post("/api/replay", json={**one, "records": [place]}, headers=AUTH)
+        assert missing.status_code == 400
+        assert missing.json()["detail"] == f"invalid records='{place}': {why}"
     first = web.post("/api/replay", json=one, headers=AUTH).json()
     left = web.post("/api/replay", json=one, headers=AUTH).json()
     assert (len(left["replayed"]), left["already_replayed"]) == (0, [[dlt, 0, 0]])
