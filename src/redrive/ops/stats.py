@@ -2,7 +2,9 @@
 
 For each topic: records waiting (end offset minus the group's committed offset, or minus the
 start offset where the group has committed nothing; for the dead-letter topic, everything in
-it), the lag behind committed offsets, the oldest waiting record's age and due time (read at
+it; counted from offsets, so a transactional producer's commit markers among the records count
+too, but a partition whose range holds markers only counts none), the lag behind committed
+offsets, the oldest waiting record's age and due time (read at
 the committed offset of each partition, where the group will resume), and how many records were
 appended and consumed over a window (two samples of the offsets).
 """
@@ -143,9 +145,14 @@ def summarize(layout: Roles, before: Snapshot, after: Snapshot,
     out: list[TopicStats] = []
     for name, role in layout.items():
         per = after.offsets[name]
-        waiting = sum(o.high - o.resume for o in per.values())
-        with_commit = [o for o in per.values() if o.committed is not None]
-        lag = sum(max(0, o.high - o.resume) for o in with_commit) if with_commit else None
+        # A partition whose range past the resume position has no record holds only
+        # transaction markers (a transactional producer's commit after the last record): none
+        # waiting, where the offsets alone would say one per transaction.
+        left = {p: max(0, o.high - o.resume) if (name, p) in found else 0
+                for p, o in per.items()}
+        waiting = sum(left.values())
+        with_commit = [p for p, o in per.items() if o.committed is not None]
+        lag = sum(left[p] for p in with_commit) if with_commit else None
         heads_here = [found[(name, p)] for p in per if (name, p) in found]
         oldest = min((head.timestamp_ms for head in heads_here), default=None)
         dues = [head.due_ms for head in heads_here if head.due_ms is not None]

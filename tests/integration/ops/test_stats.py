@@ -95,6 +95,36 @@ def test_stats_match_a_scripted_workload(bootstrap: str, new_topic: NewTopic,
     assert retry_topic in planned.stdout
 
 
+def test_a_transactional_group_that_handled_everything_has_nothing_waiting(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
+    """Its copies end each transaction with a commit marker past the last record, one offset
+    that offsets alone would count as a record waiting in every retry partition."""
+    topic, group = new_topic(partitions=2), unique_name("stats-tx")
+    seen: set[bytes] = set()
+
+    def fail_once(record: Record) -> None:
+        if record.value not in seen:
+            seen.add(record.value or b"")
+            raise Later("once")
+
+    produce_records(bootstrap, topic, [(None, b"r-%d" % i, []) for i in range(6)])
+    run = running(RetryingConsumer(bootstrap, topic, group,
+                                   RetryPolicy(backoff=Backoff.fixed("200ms"), attempts=2),
+                                   fail_once, transactional=True, config=FAST_GROUP))
+    wait_until(lambda: run.total("redrive_processed_total") == 6, 30, "every retry handled")
+    run.stop()
+    retry_topic = f"{topic}.{group}.retry.200ms"
+    found = {s.topic: s for s in stats.collect(bootstrap, topic, group)}
+    offsets_reader = kafka.consumer(bootstrap, group)
+    try:
+        ends = [kafka.watermarks(offsets_reader, retry_topic, p)[1] for p in range(2)]
+    finally:
+        offsets_reader.close()
+    assert sum(ends) > 6  # six copies, and the markers after them
+    assert (found[retry_topic].waiting, found[retry_topic].lag) == (0, 0)
+    assert (found[topic].waiting, found[topic].lag) == (0, 0)
+
+
 def roles_listed(result: Result) -> dict[str, str]:
     """Each topic of the `stats` table with its role, in the table's order."""
     assert result.exit_code == 0, result.output

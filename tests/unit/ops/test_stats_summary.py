@@ -52,7 +52,7 @@ def test_summary_counts_waiting_lag_and_window() -> None:
         "m.g.dlt": {0: PartitionOffsets(2, 7, None)},
     })
     heads = {("m", 0): Head(500, None), ("m", 1): Head(200, None),
-             ("m.g.retry.1s", 0): Head(900, 2_500)}
+             ("m.g.retry.1s", 0): Head(900, 2_500), ("m.g.dlt", 0): Head(100, None)}
     main, retry, dlt = summarize(layout, before, after, heads)
     assert (main.role, main.waiting, main.lag, main.oldest_ms) == (MAIN, 6 + 4, 6, 200)
     assert (main.appended, main.consumed, main.rate(main.appended)) == (7, 6 + 0, 3.5)
@@ -62,3 +62,18 @@ def test_summary_counts_waiting_lag_and_window() -> None:
     table = stats_rows([main, retry, dlt], 3_000)
     assert table[1][5] == "500ms ago"
     assert table[2][6:] == ["0.5", "-"]
+
+
+def test_a_partition_holding_only_transaction_markers_waits_none() -> None:
+    """A transactional group commits past its last record; the commit marker after it is one
+    more offset, read as one record waiting forever by offsets alone (4 partitions: 4)."""
+    layout = Roles("m", ("m.g.retry.1s",), "m.g.dlt")
+    shot = Snapshot(1_000, {
+        "m": {0: PartitionOffsets(0, 11, 10), 1: PartitionOffsets(0, 21, 10)},
+        "m.g.retry.1s": {0: PartitionOffsets(0, 4, 3)},
+        "m.g.dlt": {0: PartitionOffsets(0, 0, None)},
+    })
+    heads = {("m", 1): Head(200, None)}  # partition 1 holds records past the commit
+    main, retry, _ = summarize(layout, shot, shot, heads)
+    assert (main.waiting, main.lag) == (11, 11)
+    assert (retry.waiting, retry.lag, retry.oldest_ms) == (0, 0, None)
