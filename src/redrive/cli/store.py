@@ -187,7 +187,8 @@ def show_command(ctx: click.Context, retry_id: int) -> None:
 @click.pass_context
 def requeue_command(ctx: click.Context, /, delay: str | None, reset_attempts: bool,
                     **filters: Any) -> None:
-    """Make dead, cancelled or stuck rows pending again (due now, or --in DELAY)."""
+    """Make matching rows pending again, due now (or --in DELAY): dead, cancelled and in-flight
+    rows, and pending ones waiting out their backoff (--status dead: only the dead)."""
     where = _narrowed(_filter(**filters), "requeue")
     try:
         due = None if delay is None else now_ms() + to_ms(delay, "--in")
