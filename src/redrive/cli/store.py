@@ -98,10 +98,16 @@ def run_command(ctx: click.Context, bootstrap: str, batch_size: int, idle_s: flo
     """Republish due retries until SIGTERM or Ctrl-C (run several to share the work on
     PostgreSQL)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        lease_ms = to_ms(lease, "--lease")
+    except RedriveError as exc:
+        raise click.BadParameter(str(exc), param_hint="--lease") from exc
+    if lease_ms <= 0:
+        raise click.BadParameter(f"{lease!r} is not a positive duration", param_hint="--lease")
     store = _open(ctx, create=True)
     try:
         scheduler = Scheduler(store, bootstrap, batch_size=batch_size, idle_s=idle_s,
-                              webhook=webhook, lease_s=to_ms(lease, "--lease") / 1000)
+                              webhook=webhook, lease_s=lease_ms / 1000)
         if metrics_port is not None:
             scheduler.metrics.serve(metrics_port)
         scheduler.run()

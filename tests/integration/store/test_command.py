@@ -87,6 +87,8 @@ def test_actions_refuse_to_touch_everything_and_name_bad_values(store: RetryStor
     assert code == 2 and "Invalid value for '--limit'" in out
     code, out = invoke(store, "show", str(2**64))
     assert code == 2 and "Invalid value for 'RETRY_ID'" in out
+    code, out = invoke(store, "run", "-b", "127.0.0.1:1", "--lease", "0")  # said lease_s=0.0
+    assert code == 2 and "Invalid value for --lease: '0' is not a positive duration" in out
     assert store.counts() == {DEAD: 3, PENDING: 1, PARKED: 1}
 
 
