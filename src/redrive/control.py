@@ -74,8 +74,14 @@ class Resume:
 def request_resume(connection: kafka.Connection, resume: Resume,
                    timeout_s: float = 10.0) -> Delivered:
     """Write `resume` to the control topic (created if missing); return where it landed.
-    Raises BrokerUnavailable when no broker answers."""
+    Raises BrokerUnavailable when no broker answers, and InvalidArgument when no consumer of
+    the group runs: only a running consumer holds a braked partition and reads requests (a
+    restart starts the brake's counts afresh), so a request then, or for a mistyped group,
+    would change nothing."""
     kafka.check_reachable(connection, timeout_s)
+    if not kafka.group_members(kafka.admin(connection), resume.group, timeout_s):
+        raise InvalidArgument("group", resume.group, "no consumer of this group is running, so "
+                              "no partition of it is braked")
     kafka.create_topics(kafka.admin(connection), {CONTROL_TOPIC: 1}, timeout_s=timeout_s)
     producer = kafka.producer(connection)
     record = OutRecord(CONTROL_TOPIC, resume.encode(), resume.group.encode())

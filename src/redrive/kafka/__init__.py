@@ -15,6 +15,7 @@ from redrive.kafka.admin import (
     check_reachable,
     create_topics,
     delete_topics,
+    group_members,
     partition_count,
     topic_partitions,
     watermarks,
@@ -38,7 +39,7 @@ from redrive.kafka.records import Delivered, OutRecord, PartitionKey, message_he
 __all__ = [
     "CONSUMER_DEFAULTS", "PRODUCER_DEFAULTS", "Admin", "ClientConfig", "Connection", "Delivered",
     "OutRecord", "PartitionKey", "admin", "check_reachable", "client_config", "consumer",
-    "consumer_config", "create_topics", "delete_topics", "message_headers", "partition_count",
-    "produce", "produce_acked", "produce_confirmed", "producer", "producer_config",
-    "topic_partitions", "watermarks",
+    "consumer_config", "create_topics", "delete_topics", "group_members", "message_headers",
+    "partition_count", "produce", "produce_acked", "produce_confirmed", "producer",
+    "producer_config", "topic_partitions", "watermarks",
 ]

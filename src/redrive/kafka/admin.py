@@ -56,6 +56,23 @@ def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
     return created
 
 
+def group_members(admin_: AdminClient, group: str, timeout_s: float = 10.0) -> int:
+    """How many members `group` has now: 0 when no consumer of it is running (or it never
+    existed: Kafka describes an unknown group as dead, with none)."""
+    try:
+        described = admin_.describe_consumer_groups(
+            [group], request_timeout=timeout_s)[group].result(timeout=timeout_s)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
+            return 0
+        raise BrokerUnavailable(_bootstrap(admin_), str(error)) from exc
+    except TimeoutError as exc:
+        raise BrokerUnavailable(_bootstrap(admin_), f"describing group {group!r} got no answer "
+                                f"in {timeout_s:g} s") from exc
+    return len(described.members)
+
+
 def delete_topics(admin_: AdminClient, topics: Sequence[str], *,
                   timeout_s: float = 30.0) -> None:
     """Delete topics and wait until the broker has; raises KafkaException naming a failure."""

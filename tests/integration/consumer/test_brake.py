@@ -60,6 +60,11 @@ def test_the_brake_stops_at_the_record_that_passes_and_resume_lets_it_go_on(
     assert metrics.value("redrive_brake_trips_total", topic=topic) == 1
     assert metrics.value("redrive_paused_partitions") == 1
 
+    # A mistyped group is named, not "requested" to no effect.
+    typo = CliRunner().invoke(cli, ["resume", "-b", bootstrap, "--group", group + "x"])
+    assert typo.exit_code == 2
+    assert typo.stderr.strip() == (f"error: invalid group='{group}x': no consumer of this group "
+                                   "is running, so no partition of it is braked")
     result = CliRunner().invoke(cli, ["resume", "-b", bootstrap, "--group", group, "--topic",
                                       topic, "--partition", "0", "--actor", "oncall@test"])
     assert result.exit_code == 0, result.output
