@@ -4,9 +4,11 @@ parked record, and on PostgreSQL the advisory locks that keep two writers of one
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
-from sqlalchemy import Connection, select, text, update
+from sqlalchemy import ColumnElement, Connection, select, text, update
 
 from redrive.store.matching import key_is
 from redrive.store.schema import ACTIVE, IN_FLIGHT, PARKED, PENDING, retries
@@ -35,6 +37,28 @@ def release_keys(conn: Connection, keys: Iterable[tuple[str, str, bytes | None]]
                 status=PENDING, due_ms=at, updated_ms=at))
             released += 1
     return released
+
+
+def held_back(conn: Connection, dialect: str, chosen: ColumnElement[bool]) -> list[int]:
+    """Of the rows `chosen` to be made pending at once, those of keys kept in order that must
+    wait instead: all but each key's first (by partition and offset), and all of a key whose
+    other rows are pending or in flight. They are parked and released one by one."""
+    c = retries.c
+    rows = conn.execute(select(c.id, c.group_id, c.topic, c.key, c.partition, c.offset)
+                        .where(chosen, c.ordered, c.key.is_not(None))).all()
+    by_key: dict[tuple[str, str, bytes], list[Any]] = defaultdict(list)
+    for row in rows:
+        by_key[(row.group_id, row.topic, row.key)].append(row)
+    lock_keys(conn, dialect, by_key)
+    held: list[int] = []
+    for (group, topic, key), of_key in by_key.items():
+        of_key.sort(key=lambda row: (row.partition, row.offset))
+        ids = [row.id for row in of_key]
+        busy = conn.execute(select(c.id).where(
+            key_is(group, topic, key), c.status.in_((PENDING, IN_FLIGHT)),
+            c.id.not_in(ids)).limit(1)).first() is not None
+        held += ids if busy else ids[1:]
+    return held
 
 
 def lock_keys(conn: Connection, dialect: str,

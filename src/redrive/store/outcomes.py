@@ -70,7 +70,7 @@ WRITTEN_COLUMNS = ("group_id", "topic", "partition", "offset", "timestamp_ms", "
                    "key_digest", "mode", "value", "headers", "target", "attempt",
                    "first_failure_ms", "due_ms", "status", "reason", "error_type",
                    "error_message", "error_trace", "created_ms", "updated_ms", "dispatches",
-                   "notified_ms")
+                   "notified_ms", "ordered")
 _REWRITTEN = ("attempt", "first_failure_ms", "due_ms", "status", "reason", "error_type",
               "error_message", "error_trace", "updated_ms")
 _PLACEHOLDERS = {"sqlite": ":{}", "postgresql": "%({})s"}
@@ -108,6 +108,7 @@ def entry_row(entry: Entry, at: int) -> dict[str, Any]:
         "status": entry.status, "reason": entry.reason, "error_type": entry.error_type,
         "error_message": entry.error_message, "error_trace": entry.error_trace,
         "created_ms": at, "updated_ms": at, "dispatches": 0, "notified_ms": None,
+        "ordered": entry.ordered,
     }
 
 

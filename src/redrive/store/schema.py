@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Connection,
     Index,
@@ -24,6 +25,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     insert,
     select,
     text,
@@ -119,7 +121,13 @@ def _retries_indexes(table: Table) -> list[Index]:
     ]
 
 
-retries = Table("redrive_retries", metadata, *_retries_columns(),
+def _ordered_column() -> Column[bool]:
+    # The row's group keeps its key's records in order (StoreBackend(ordering=True)): a requeue
+    # of several rows of one key releases them one at a time, as they were first handled.
+    return Column("ordered", Boolean, nullable=False, server_default=false())
+
+
+retries = Table("redrive_retries", metadata, *_retries_columns(), _ordered_column(),
                 UniqueConstraint("group_id", "topic", "partition", "offset",
                                  name="redrive_retries_record"))
 _retries_indexes(retries)  # Index objects attach themselves to the table's columns
@@ -144,8 +152,14 @@ class Migration:
     apply: Callable[[Connection], None]
 
 
+def _v2_ordered(conn: Connection) -> None:
+    conn.execute(text("ALTER TABLE redrive_retries ADD COLUMN ordered BOOLEAN NOT NULL "
+                      "DEFAULT FALSE"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "retries table with due, key, notification and filter indexes", _v1_retries),
+    Migration(2, "whether a row's group keeps its key in order", _v2_ordered),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -31,8 +31,8 @@ from redrive.errors import InvalidArgument, RedriveError
 from redrive.store import claims, outcomes, schema
 from redrive.store.claims import DueBatch, Unnotified
 from redrive.store.database import DEFAULT_PATH, READ_ONLY, StoreUnavailable, database_url, engine
-from redrive.store.keys import key_active, lock_keys, release_keys
-from redrive.store.matching import record_is
+from redrive.store.keys import held_back, key_active, lock_keys, release_keys
+from redrive.store.matching import chunks, record_is
 from redrive.store.rows import (
     EVERY_ROW,
     Coordinates,
@@ -43,7 +43,7 @@ from redrive.store.rows import (
     Success,
     key_digest,
 )
-from redrive.store.schema import ACTIVE, DEAD, FINAL, IN_FLIGHT, PENDING, retries
+from redrive.store.schema import ACTIVE, DEAD, FINAL, IN_FLIGHT, PARKED, PENDING, retries
 
 FIRST_ANALYZE_ROWS = 1_000
 LAST_ANALYZE_ROWS = 1_000_000
@@ -299,16 +299,21 @@ class RetryStore:
     def requeue(self, where: RowFilter, *, due_ms: int | None = None,
                 reset_attempts: bool = False) -> int:
         """Make matching dead, cancelled, pending or in-flight rows pending again, due at
-        `due_ms` (now by default); return how many. Parked rows wait for their key instead."""
+        `due_ms` (now by default); return how many. Parked rows wait for their key instead, and
+        so do requeued rows of a key kept in order but its first (see keys.held_back)."""
         at = now_ms()
         values: dict[str, Any] = {"status": PENDING, "due_ms": at if due_ms is None else due_ms,
                                   "reason": None, "notified_ms": None, "updated_ms": at}
         if reset_attempts:
             values["attempt"] = 0
+        chosen = and_(where.where(at), retries.c.status.in_((DEAD, schema.CANCELLED, PENDING,
+                                                              IN_FLIGHT)))
         with self._begin() as conn:
-            result = conn.execute(update(retries).where(
-                where.where(at), retries.c.status.in_((DEAD, schema.CANCELLED, PENDING,
-                                                       IN_FLIGHT))).values(**values))
+            held = held_back(conn, self.dialect, chosen)
+            result = conn.execute(update(retries).where(chosen).values(**values))
+            for part in chunks(held):
+                conn.execute(update(retries).where(retries.c.id.in_(part)).values(
+                    status=PARKED, updated_ms=at))
             return int(result.rowcount)
 
     def cancel(self, where: RowFilter) -> int:

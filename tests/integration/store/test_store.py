@@ -17,6 +17,7 @@ from redrive.store.schema import (
     DEAD,
     IN_FLIGHT,
     LATEST,
+    MIGRATIONS,
     PARKED,
     PENDING,
     SUCCEEDED,
@@ -49,6 +50,33 @@ def test_schema_is_created_once_even_by_concurrent_openers(store_url: str) -> No
         assert conn.execute(versions.select()).all()[0].version == 1
         assert len(conn.execute(versions.select()).all()) == LATEST
     for store in opened:
+        store.close()
+
+
+def test_a_store_of_the_first_schema_gains_the_ordered_column_with_its_rows_kept(
+        store_url: str) -> None:
+    first = RetryStore(store_url, migrate=False)
+    try:
+        with first.engine.begin() as conn:
+            versions.create(conn)
+            MIGRATIONS[0].apply(conn)
+            conn.execute(versions.insert().values(version=1, description="v1", applied_ms=0))
+            conn.execute(text(
+                "INSERT INTO redrive_retries (group_id, topic, partition, \"offset\", mode, "
+                "attempt, due_ms, status, created_ms, updated_ms) "
+                "VALUES ('g', 't', 0, 4, 'reference', 1, 0, 'dead', 0, 0)"))
+    finally:
+        first.close()
+    store = RetryStore(store_url)
+    try:
+        assert store.schema_version() == LATEST == 2
+        [row] = store.find(RowFilter(group="g"))
+        assert (row.offset, row.status) == (4, DEAD)
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT ordered FROM redrive_retries")).scalar() in (
+                False, 0)
+        assert store.requeue(RowFilter(group="g")) == 1  # an old row: its order was not kept
+    finally:
         store.close()
 
 
@@ -198,3 +226,26 @@ def test_a_new_postgresql_table_gets_statistics_as_it_grows(store: RetryStore) -
             "EXPLAIN SELECT * FROM redrive_retries WHERE group_id = 'g' AND topic = 't' "
             "AND partition = 0 AND \"offset\" = ANY(ARRAY[5, 50, 500])")))
     assert "redrive_retries_record" in plan, plan
+
+
+def test_requeue_lets_a_key_kept_in_order_go_one_row_at_a_time(store: RetryStore) -> None:
+    """Several dead rows of one key requeued together were republished together, so a later
+    record of the key was handled while an earlier one still failed."""
+    dead = {"status": DEAD, "reason": "exhausted"}
+    store.write([entry("g", "t", o, key=b"k", ordered=True, **dead) for o in (5, 2, 9)]
+                + [entry("g", "t", o, key=b"u", **dead) for o in (3, 4)]  # order not kept
+                + [entry("g", "t", 7, key=b"b", ordered=True, **dead),
+                   entry("g", "t", 8, key=b"b", ordered=True)], [])  # b@8 is pending already
+
+    def statuses() -> dict[tuple[bytes | None, int], str]:
+        return {(r.key, r.offset): r.status for r in store.find(RowFilter(group="g"))}
+
+    assert store.requeue(RowFilter(group="g", statuses=(DEAD,))) == 6
+    assert statuses() == {(b"k", 2): PENDING, (b"k", 5): PARKED, (b"k", 9): PARKED,
+                          (b"u", 3): PENDING, (b"u", 4): PENDING,
+                          (b"b", 7): PARKED, (b"b", 8): PENDING}
+    # The head handled, the next of its key goes, and only it.
+    store.write([], [Success("g", "t", 0, 2, 1, b"k")])
+    assert [statuses()[(b"k", o)] for o in (2, 5, 9)] == [SUCCEEDED, PENDING, PARKED]
+    store.write([], [Success("g", "t", 0, 8, 1, b"b")])
+    assert statuses()[(b"b", 7)] == PENDING
