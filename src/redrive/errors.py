@@ -61,3 +61,9 @@ class UnknownTopic(RedriveError):
         self.topic = topic
         super().__init__(f"unknown topic {topic!r}: it does not exist on the cluster"
                          + (f" ({needed_as})" if needed_as else ""))
+
+
+class OutputMismatch(RedriveError, TypeError):
+    """A Spark pipeline's function returned what its output_schema cannot hold: not a mapping,
+    none of the schema's fields, or a value of the wrong type. The record fails with it (routed
+    by the policy like any error) instead of being written as nulls or failing the query."""

@@ -19,7 +19,7 @@ import pyarrow as pa
 from redrive import headers as h
 from redrive import kafka
 from redrive.clock import now_ms
-from redrive.errors import MalformedHeader
+from redrive.errors import MalformedHeader, OutputMismatch
 from redrive.first_failures import FirstFailures
 from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.policy import Disposition, RetryPolicy
@@ -163,7 +163,11 @@ def call_with_in_place(function: Callable[[], Mapping[str, Any]], policy: RetryP
     in_place = 0
     while True:
         try:
-            return Outcome(OK, dict(function()), in_place=in_place)
+            output = function()
+            if not isinstance(output, Mapping):
+                raise OutputMismatch(f"the function returned {type(output).__name__}, not a "
+                                     "mapping of output_schema's fields")
+            return Outcome(OK, dict(output), in_place=in_place)
         except Exception as exc:
             live = ErrorInfo.from_exception(exc)
         error = live.detached()
@@ -285,11 +289,16 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
         else:
             assert record_function is not None
             results = process_rows(rows, record_function, policy, group, skip)
+        results = list(results)
+        outcomes = [_named_fields(result.outcome, output_type.names) for result in results]
+        outputs = [_conform(outcome.output, output_type.names) for outcome in outcomes]
+        try:
+            output_array = pa.array(outputs, type=output_type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            _unfit(outcomes, outputs, output_type)
+            output_array = pa.array(outputs, type=output_type)
         columns: dict[str, list[Any]] = {name: [] for name, _ in STATUS_COLUMNS}
-        outputs: list[Mapping[str, Any] | None] = []
-        names = output_type.names
-        for result in results:
-            outcome = result.outcome
+        for result, outcome in zip(results, outcomes, strict=True):
             columns["status"].append(outcome.status)
             columns["attempt"].append(result.attempt)
             columns["due_ms"].append(result.due_ms)
@@ -299,10 +308,9 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
             columns["handler_us"].append(result.handler_us)
             for name, value in error_columns(outcome.error).items():
                 columns[name].append(value)
-            outputs.append(_conform(outcome.output, names))
         arrays = [batch.column(i) for i in range(batch.num_columns)]
         arrays += [pa.array(columns[name], type=kind) for name, kind in STATUS_COLUMNS]
-        arrays.append(pa.array(outputs, type=output_type))
+        arrays.append(output_array)
         fields = [*batch.schema, *(pa.field(name, kind) for name, kind in STATUS_COLUMNS),
                   pa.field("output", output_type)]
         yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
@@ -312,6 +320,40 @@ def _conform(output: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str
     if output is None:
         return None
     return {name: output.get(name) for name in names}
+
+
+def _mismatch(outcome: Outcome, why: str) -> Outcome:
+    error = ErrorInfo.from_exception(OutputMismatch(why)).detached()
+    return Outcome(FAILED, error=error, in_place=outcome.in_place)
+
+
+def _named_fields(outcome: Outcome, names: Sequence[str]) -> Outcome:
+    """A success whose output has keys but none of output_schema's fields (`ID` for `id`)
+    would be written as a row of nulls: it fails instead. Other keys (the record's own, passed
+    through) are left out, and a field left out (or an empty output) is null."""
+    output = outcome.output
+    if outcome.status != OK or not output or any(name in output for name in names):
+        return outcome
+    return _mismatch(outcome, f"the output holds none of output_schema's fields "
+                              f"({', '.join(names)}): it has {sorted(map(str, output))}")
+
+
+def _unfit(outcomes: list[Outcome], outputs: list[dict[str, Any] | None],
+           output_type: pa.StructType) -> None:
+    """The records whose output does not fit output_schema fail, naming the field and value,
+    instead of failing the batch's task (and the query) with Arrow's conversion error."""
+    for index, output in enumerate(outputs):
+        if output is None:
+            continue
+        for field in output_type:
+            try:
+                pa.array([output[field.name]], type=field.type)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                outcomes[index] = _mismatch(
+                    outcomes[index], f"output field {field.name!r} = {output[field.name]!r} "
+                                     f"does not fit output_schema's {field.type}: {exc}")
+                outputs[index] = None
+                break
 
 
 def _routed(record: Record, error: ErrorInfo, first: FirstFailures, partitions: Mapping[str, int]

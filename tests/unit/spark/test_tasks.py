@@ -1,4 +1,5 @@
 import gc
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -241,3 +242,44 @@ def test_routing_leaves_the_collector_as_it_found_it(monkeypatch: pytest.MonkeyP
     finally:
         gc.enable()
     assert seen == [False, False]
+
+
+def test_an_output_the_schema_cannot_hold_fails_its_record_naming_why() -> None:
+    """Each was a row of nulls written as a success, a query failed by Arrow's conversion
+    error, or a TypeError about iterating None."""
+    outputs: dict[bytes, Any] = {b"ok": {"n": 1, "tag": "t", "topic": "passed through"},
+                                 b"empty": {}, b"renamed": {"N": 2, "Tag": "t"},
+                                 b"wrong": {"n": "abc-0", "tag": "t"}, b"none": None,
+                                 b"number": 42}
+    rows = run([{"value": value} for value in outputs], lambda r: outputs[r["value"]])
+    found = {value: (r["status"], r["output"], r["error_type"], r["error_message"])
+             for value, r in zip(outputs, rows, strict=True)}
+    assert found[b"ok"] == ("ok", {"n": 1, "tag": "t"}, None, None)
+    assert found[b"empty"] == ("ok", {"n": None, "tag": None}, None, None)
+    mismatch = "redrive.errors.OutputMismatch"
+    assert found[b"renamed"] == ("failed", None, mismatch, "the output holds none of "
+                                 "output_schema's fields (n, tag): it has ['N', 'Tag']")
+    assert found[b"wrong"][:3] == ("failed", None, mismatch)
+    assert found[b"wrong"][3].startswith("output field 'n' = 'abc-0' does not fit "
+                                         "output_schema's int64: ")
+    assert found[b"none"] == ("failed", None, mismatch, "the function returned NoneType, not "
+                              "a mapping of output_schema's fields")
+    assert found[b"number"][3] == ("the function returned int, not a mapping of "
+                                   "output_schema's fields")
+    # A TypeError in the record's chain: a policy can classify it as not retryable.
+    assert "TypeError" in json.loads(rows[2]["error_chain"])[0]
+
+
+def test_a_batch_function_output_that_does_not_fit_fails_only_its_rows() -> None:
+    import pandas as pd
+
+    def function(frame: Any) -> Any:
+        return pd.DataFrame({"n": [1, "x"], "tag": ["a", "b"]})
+
+    out = next(iter(tasks.process_batches(iter([batch([{}, {}])]), record_function=None,
+                                          batch_function=function, error_column="error",
+                                          policy=POLICY, group="g", output_type=OUTPUT)))
+    rows = out.to_pylist()
+    assert [(r["status"], r["output"]) for r in rows] == [("ok", {"n": 1, "tag": "a"}),
+                                                          ("failed", None)]
+    assert rows[1]["error_message"].startswith("output field 'n' = 'x' does not fit")
