@@ -8,6 +8,7 @@ driver plans (`planning`), executors read (`readers`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -63,6 +64,28 @@ def planned_ranges(start: Mapping[PartitionKey, int],
     """One task per partition with records between `start` and `end`."""
     return [KafkaRange(t, p, start[(t, p)], stop) for (t, p), stop in sorted(end.items())
             if (t, p) in start and stop > start[(t, p)]]
+
+
+def check_bounds(start: Mapping[PartitionKey, int], end: Mapping[PartitionKey, int],
+                 latest: Mapping[PartitionKey, int], options: SourceOptions) -> None:
+    """Offsets a batch read was given must lie within each partition, the start before the end:
+    an end past the partition's end would wait for records that never come (then fail as a
+    stuck read), and a start past the end would read nothing without a word."""
+    for tp in sorted(end):
+        topic, partition = tp
+        if end[tp] > latest[tp]:
+            raise SourceOptionError("endingOffsets", _shown(options.ending),
+                                    f"partition {topic}[{partition}] ends at offset {latest[tp]};"
+                                    f" {end[tp]} is past it")
+        if start[tp] > end[tp]:
+            raise SourceOptionError("startingOffsets", _shown(options.starting),
+                                    f"partition {topic}[{partition}] would start at offset "
+                                    f"{start[tp]}, after its ending offset {end[tp]}")
+
+
+def _shown(spec: object) -> object:
+    """An offsets option as the user wrote it: JSON for offsets given per partition."""
+    return json.dumps(offsets_to_json(spec)) if isinstance(spec, dict) else spec
 
 
 def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -250,6 +273,10 @@ class KafkaBatchReader(DataSourceReader):
             tps = broker.partitions(require_all=True)
             start = broker.resolve(self.options.starting or "earliest", tps, "startingOffsets")
             end = broker.resolve(self.options.ending or "latest", tps, "endingOffsets")
+            given = isinstance(self.options.starting, dict) or isinstance(self.options.ending,
+                                                                          dict)
+            if given:
+                check_bounds(start, end, broker.list_offsets(tps, "latest"), self.options)
         finally:
             broker.close()
         return planned_ranges(start, end)

@@ -206,6 +206,24 @@ def test_batch_read_between_offsets(spark: Any, bootstrap: str, new_topic: Any) 
         assert row["topic"] == topic
     default = batch_read(spark, bootstrap, topic).count()
     assert default == 50
+    # Offsets outside a partition are named: the end past it waited 120 s for records that
+    # never came, and a start past the end read nothing without a word.
+    cases = [({"0": 10, "1": -2}, {"0": 31, "1": -1},
+              f"endingOffsets=.*partition {topic}\\[0\\] ends at offset 30; 31 is past it"),
+             ({"0": 20, "1": -2}, {"0": 10, "1": -1},
+              f"startingOffsets=.*partition {topic}\\[0\\] would start at offset 20, after "
+              "its ending offset 10"),
+             ({"0": 40, "1": -2}, None,
+              f"startingOffsets=.*partition {topic}\\[0\\] would start at offset 40, after "
+              "its ending offset 30")]
+    for start, end, message in cases:
+        options = {"startingOffsets": json.dumps({topic: start})}
+        if end is not None:
+            options["endingOffsets"] = json.dumps({topic: end})
+        started = time.monotonic()
+        with pytest.raises(Exception, match=message):
+            batch_read(spark, bootstrap, topic, **options).count()
+        assert time.monotonic() - started < 30
 
 
 def test_batch_read_rejects_what_spark_rejects(spark: Any, bootstrap: str) -> None:
