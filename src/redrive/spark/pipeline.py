@@ -12,9 +12,12 @@ session and on Spark Connect, where the body runs in the server's Python process
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -40,6 +43,25 @@ log = logging.getLogger("redrive.spark")
 
 # How long reading the heads of the retry partitions (for the gauges) may make no progress.
 _HEAD_WAIT_S = 3.0
+
+
+def check_local_sink(sink: str) -> None:
+    """A sink path on this machine's file system (no scheme, or file:) that cannot be made fails
+    here, naming it, not after the first batch as a long Hadoop trace. Other file systems (s3a:,
+    hdfs:) answer for themselves; a Connect server's files are not this machine's."""
+    if "/" not in sink and ":" not in sink:
+        return  # a table
+    scheme = re.match(r"([A-Za-z][\w+.-]*):", sink)
+    if scheme is not None and scheme.group(1).lower() != "file":
+        return
+    path = Path(re.sub(r"^file:(//)?", "", sink)).absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InvalidArgument("sink", sink, f"{existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InvalidArgument("sink", sink, f"{existing} is not writable by this process")
 
 
 class RetryPipeline:
@@ -101,6 +123,8 @@ class RetryPipeline:
             raise InvalidArgument("retry_backend", self.subscription.retry_backend,
                                   "a backend deciding on the driver needs a classic session; "
                                   "on Spark Connect use retry topics")
+        if isinstance(sink, str) and not self.remote:
+            check_local_sink(sink)
         self.sink = sink
         self.sink_format = sink_format
         self.checkpoint = checkpoint
