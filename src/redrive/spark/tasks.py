@@ -164,7 +164,7 @@ def call_with_in_place(function: Callable[[], Mapping[str, Any]], policy: RetryP
     while True:
         try:
             output = function()
-            if not isinstance(output, Mapping):
+            if type(output) is not dict and not isinstance(output, Mapping):
                 raise OutputMismatch(f"the function returned {type(output).__name__}, not a "
                                      "mapping of output_schema's fields")
             return Outcome(OK, dict(output), in_place=in_place)
@@ -290,8 +290,9 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
             assert record_function is not None
             results = process_rows(rows, record_function, policy, group, skip)
         results = list(results)
-        outcomes = [_named_fields(result.outcome, output_type.names) for result in results]
-        outputs = [_conform(outcome.output, output_type.names) for outcome in outcomes]
+        names = output_type.names  # a new list at each access
+        outcomes = [_named_fields(result.outcome, names) for result in results]
+        outputs = [_conform(outcome.output, names) for outcome in outcomes]
         try:
             output_array = pa.array(outputs, type=output_type)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -332,8 +333,11 @@ def _named_fields(outcome: Outcome, names: Sequence[str]) -> Outcome:
     would be written as a row of nulls: it fails instead. Other keys (the record's own, passed
     through) are left out, and a field left out (or an empty output) is null."""
     output = outcome.output
-    if outcome.status != OK or not output or any(name in output for name in names):
+    if outcome.status != OK or not output:
         return outcome
+    for name in names:
+        if name in output:
+            return outcome
     return _mismatch(outcome, f"the output holds none of output_schema's fields "
                               f"({', '.join(names)}): it has {sorted(map(str, output))}")
 
