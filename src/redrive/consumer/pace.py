@@ -9,6 +9,12 @@ still take whole batches (20 us a record: 5,000 fit in the slice).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
 # Longer slices mean fewer, larger commits (transactions, in transactional mode); shorter ones a
 # retry handled sooner. The lateness goal behind a backlog is 250 ms at the 99th percentile.
 SLICE_S = 0.1
@@ -27,12 +33,21 @@ class MainBatchSize:
         self.slice_s = slice_s
         self._per_record_s: float | None = None  # nothing timed yet
 
-    def size(self) -> int:
+    def size(self, reading_retries: bool = True) -> int:
+        """Records to take from the main topics now; all `most` while no retry can wait."""
+        if not reading_retries:
+            return self.most
         if self._per_record_s is None:
             return min(self.most, FIRST)
         if self._per_record_s * self.most <= self.slice_s:
             return self.most
         return max(1, int(self.slice_s / self._per_record_s))
+
+    def timed(self, handle: Callable[[Sequence[T]], object], batch: Sequence[T]) -> None:
+        """Handle a poll batch (retries and main records), timing it."""
+        started = time.perf_counter()
+        handle(batch)
+        self.took(len(batch), time.perf_counter() - started)
 
     def took(self, records: int, seconds: float) -> None:
         """A batch of `records` (retries and main records) took `seconds` to handle."""

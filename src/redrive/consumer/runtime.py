@@ -2,8 +2,8 @@
 
 One consumer group reads the main topics and the group's retry topics (from `topics.plan`); the
 retry partitions are fetched by a reader of their own (`redrive.consumer.readers`), whose records
-are taken first, so a due retry never waits behind a backlog of the main topics. Each poll batch
-is handled record by record, in partition order:
+are taken first, and main batches are kept short (`redrive.consumer.pace`), so a due retry never
+waits behind a backlog of the main topics. Each poll batch is handled record by record, in order:
 
 - a record whose `redrive-group` names another group is skipped and committed;
 - a record not yet due (`redrive-due` ahead of the local clock) holds its partition: the partition
@@ -149,8 +149,7 @@ class RetryingConsumer:
         self._transactional_id = transactional_id or self._default_transactional_id()
         self._metrics_port = metrics_port
         self._create_topics = create_topics
-        self._batch_size = batch_size
-        self._main_batch = MainBatchSize(batch_size)
+        self._pace = MainBatchSize(batch_size)
         self._poll_timeout_s = float(poll_timeout_s)
         self._timeout_s = float(timeout_s)
 
@@ -250,21 +249,16 @@ class RetryingConsumer:
                     wait_s = self._holds.wait_s(now_ms(), self._poll_timeout_s)
                     if committer.unconfirmed:
                         wait_s = min(wait_s, CONFIRM_POLL_S)
-                    retries: list[Message] = []
+                    retries = consumer.consume_retries(self._pace.most)  # [] if it reads none
                     if consumer.reading_retries:
-                        retries = consumer.consume_retries(self._batch_size)
                         wait_s = 0.0 if retries else min(wait_s, RETRY_POLL_S)
-                    count = (self._main_batch.size() if consumer.reading_retries
-                             else self._batch_size)
-                    messages = consumer.consume(count, wait_s)
+                    messages = consumer.consume(self._pace.size(consumer.reading_retries), wait_s)
                     if retries:
                         # One batch, so one commit: retry and main partitions are distinct, so
                         # each partition's records stay in order.
                         messages = retries + messages
                     if messages:
-                        started = time.perf_counter()
-                        self._handle_batch(messages)
-                        self._main_batch.took(len(messages), time.perf_counter() - started)
+                        self._pace.timed(self._handle_batch, messages)
                     elif committer.unconfirmed:
                         committer.settle()
                     if self.health.down:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,3 +48,18 @@ def test_a_batch_timed_at_zero_gives_whole_batches() -> None:
     size = MainBatchSize(500)
     size.took(10, 0.0)
     assert size.size() == 500
+
+
+def test_without_retry_partitions_a_poll_takes_whole_batches_and_timed_batches_count() -> None:
+    size = MainBatchSize(500, slice_s=0.1)
+    assert size.size(reading_retries=False) == 500
+    handled: list[list[int]] = []
+
+    def slow(batch: list[int]) -> None:
+        handled.append(batch)
+        time.sleep(0.05)  # 5 ms a record
+
+    size.timed(slow, list(range(10)))
+    assert handled == [list(range(10))]
+    assert 1 <= size.size() <= 20  # at most 0.1 s of 5 ms records
+    assert size.size(reading_retries=False) == 500
