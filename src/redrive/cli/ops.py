@@ -314,6 +314,10 @@ def stats_command(bootstrap: str, timeout_s: float, topic: str, group: str, wind
         table = formatting.table(STATS_COLUMNS, stats_rows(found, now_ms()))
         if not watch:
             click.echo(table)
+            if len(found) == 1 and found[0].lag is None:
+                # A mistyped group reads like a healthy one that has not started yet.
+                click.echo(f"note: group {group} has committed nothing on {topic} and has no "
+                           "retry or dead-letter topics there", err=True)
             return
         click.clear()
         click.echo(f"{group} on {topic}  {time.strftime('%H:%M:%S')}"

@@ -151,3 +151,16 @@ def test_stats_of_an_exponential_policy_without_a_dead_letter_topic(
     assert plan.retry_topic_names == [f"{topic}.{group}.retry.{d}" for d in ("1s", "3s", "5s")]
     assert planned == {topic: "main", **{name: "retry" for name in plan.retry_topic_names}}
     assert list(planned) == [topic, *plan.retry_topic_names]
+
+
+def test_stats_of_a_group_with_nothing_on_the_topic_says_so(bootstrap: str, new_topic: NewTopic,
+                                                            unique_name: UniqueName) -> None:
+    topic = new_topic()
+    produce_records(bootstrap, topic, [(None, b"v", [])] * 3)
+    typo = run_cli("stats", "-b", bootstrap, "--topic", topic, "--group", unique_name("typo"),
+                   "--window", "0")
+    assert typo.exit_code == 0, typo.output
+    assert roles_listed(typo) == {topic: "main"}
+    assert typo.stderr.startswith("note: group ")
+    assert f"has committed nothing on {topic} and has no retry or dead-letter topics" in \
+        typo.stderr
