@@ -153,7 +153,7 @@ def check_no_brake(policy: RetryPolicy) -> None:
 
 def route_failures(batch: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
                    error_column: str = "error", *, source: Any = None,
-                   batch_id: int | None = None) -> RouteCounts:
+                   batch_id: int | None = None, checkpoint: str | None = None) -> RouteCounts:
     """Copy the failed rows of a micro-batch to their retry or dead-letter topic.
 
     Call it inside your own foreachBatch, on the DataFrame your transform made of the batch
@@ -163,11 +163,13 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     join, a repartition), pass `source=` the batch `retry_stream` gave you, from which the
     failed records are then joined.
 
-    Pass `batch_id=` foreachBatch's batch id so that a batch Spark runs again (after a crash, or
-    a write of yours that failed after this call) copies only what its first run did not: the
-    group's ledger topic keeps where the group's retry and dead-letter partitions ended before
-    the batch copied. Without it a batch run again copies its failures again, and each is then
-    handled twice.
+    Pass `batch_id=` foreachBatch's batch id, and `checkpoint=` the query's checkpointLocation,
+    so that a batch Spark runs again (after a crash, or a write of yours that failed after this
+    call) copies only what its first run did not: the group's ledger topic keeps where the
+    group's retry and dead-letter partitions ended before the batch copied. The checkpoint tells
+    the query's batches from another query's (a new checkpoint numbers its batches from 0
+    again). Without them a batch run again copies its failures again, and each is then handled
+    twice.
     """
     topics.check_name("group", group)
     check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
@@ -176,12 +178,17 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     if batch_id is not None and (isinstance(batch_id, bool) or not isinstance(batch_id, int)
                                  or batch_id < 0):
         raise InvalidArgument("batch_id", batch_id, "must be foreachBatch's batch id, an int >= 0")
+    if (batch_id is None) != (checkpoint is None) or checkpoint == "":
+        raise InvalidArgument("checkpoint", checkpoint, "give batch_id and checkpoint (the "
+                              "query's checkpointLocation) together: batch ids start again at 0 "
+                              "with a new checkpoint")
     rows = routing_rows(batch, error_column, source)
     admin = kafka.admin(connection)
     partitions = kafka.topic_partitions(admin)
     already: frozenset[CopyKey] = frozenset()
-    if batch_id is not None:
-        already = _copied_before(connection, admin, group, policy, partitions, batch_id)
+    if batch_id is not None and checkpoint is not None:
+        already = _copied_before(connection, admin, group, policy, partitions, batch_id,
+                                 checkpoint)
     return route_rows(rows, connection, group, policy, partitions, already)
 
 
@@ -189,18 +196,19 @@ _BY = "route_failures"  # marks this function's ledger entries apart from RetryP
 
 
 def _copied_before(connection: kafka.Connection, admin: Any, group: str, policy: RetryPolicy,
-                   partitions: dict[str, int], batch_id: int) -> frozenset[CopyKey]:
-    """The copies an earlier run of this batch wrote, found through the group's ledger; on a
-    first run, none, once the routing marks are in the ledger."""
+                   partitions: dict[str, int], batch_id: int,
+                   checkpoint: str) -> frozenset[CopyKey]:
+    """The copies an earlier run of this batch of this query wrote, found through the group's
+    ledger; on a first run, none, once the routing marks are in the ledger."""
     name = ledger.ledger_topic(group)
     if name not in partitions:
         kafka.create_topics(admin, {name: 1})
+    report = {"by": _BY, "checkpoint": checkpoint}
     previous = ledger.last(connection, name)
     resumed = previous if (previous is not None and previous.batch == batch_id
-                           and previous.report.get("by") == _BY) else None
+                           and dict(previous.report) == report) else None
     already, _ = ledger.begin_routing(connection, cached_producer(connection), name, batch_id,
-                                      _destinations(policy, group, partitions), resumed,
-                                      {"by": _BY})
+                                      _destinations(policy, group, partitions), resumed, report)
     return already
 
 

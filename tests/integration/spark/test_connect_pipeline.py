@@ -111,22 +111,22 @@ def test_route_failures_inside_a_connect_foreach_batch(connect_spark: Any, boots
     group = unique_name("connect-own")
     produce(bootstrap, topic, ["ok"] * 5 + ["bad"] * 3)
     frame = retry_stream(connect_spark, bootstrap, topic, group, POLICY)
-    query = (frame.writeStream.foreachBatch(_own_batch(bootstrap, group))
-             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True)
-             .start())
+    cp = str(tmp_path / "cp")
+    query = (frame.writeStream.foreachBatch(_own_batch(bootstrap, group, cp))
+             .option("checkpointLocation", cp).trigger(availableNow=True).start())
     query.awaitTermination(120)
     assert query.exception() is None
     assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 3
     # The batch id took the routing marks in the group's ledger from the server's Python.
     entries = [Entry.decode(m.value()) for m in read_all(bootstrap, ledger_topic(group))]
     assert [(e.batch, e.state, e.report) for e in entries] == [
-        (0, ROUTING, {"by": "route_failures"})]
+        (0, ROUTING, {"by": "route_failures", "checkpoint": cp})]
 
 
-def _own_batch(bootstrap: str, group: str) -> Any:
+def _own_batch(bootstrap: str, group: str, checkpoint: str) -> Any:
     def each_batch(batch: Any, batch_id: int) -> None:
         counts = route_failures(batch.withColumn("error", failure(batch)), bootstrap, group,
-                                POLICY, batch_id=batch_id)
+                                POLICY, batch_id=batch_id, checkpoint=checkpoint)
         assert counts.dead_lettered == batch.where("value LIKE 'bad:%'").count()
     return each_batch
 

@@ -406,10 +406,12 @@ def test_route_failures_with_the_batch_id_copies_nothing_twice_when_a_batch_runs
     written: dict[int, list[str]] = {}  # the user's sink, overwritten by batch id
     sink_down = [True]
     counted: Counter[str] = Counter()
+    cp = str(tmp_path / "cp")
 
     def each_batch(batch: Any, batch_id: int) -> None:
         checked = batch.withColumn("error", failure(batch))
-        counts = route_failures(checked, bootstrap, group, POLICY, batch_id=batch_id)
+        counts = route_failures(checked, bootstrap, group, POLICY, batch_id=batch_id,
+                                checkpoint=cp)
         counted["retried"] += counts.retried
         counted["dead"] += counts.dead_lettered
         if sink_down[0]:
@@ -422,7 +424,7 @@ def test_route_failures_with_the_batch_id_copies_nothing_twice_when_a_batch_runs
     while sum(map(len, written.values())) < 9 and runs < 6:
         runs += 1
         query = (retry_stream(spark, bootstrap, topic, group, POLICY).writeStream
-                 .foreachBatch(each_batch).option("checkpointLocation", str(tmp_path / "cp"))
+                 .foreachBatch(each_batch).option("checkpointLocation", cp)
                  .trigger(availableNow=True).start())
         try:
             query.awaitTermination(120)
@@ -439,8 +441,9 @@ def test_route_failures_with_the_batch_id_copies_nothing_twice_when_a_batch_runs
     dead = read_all(bootstrap, f"{topic}.{group}.dlt")
     assert sorted(m.key().decode() for m in dead) == ["k6", "k7"]
     entries = [Entry.decode(m.value()) for m in read_all(bootstrap, ledger_topic(group))]
-    assert [(e.batch, e.state, e.report["by"]) for e in entries][:1] == [
-        (0, ROUTING, "route_failures")]
+    # Another query's batch 0 (a new checkpoint) is not taken for this one's run again.
+    assert [(e.batch, e.state, e.report) for e in entries][:1] == [
+        (0, ROUTING, {"by": "route_failures", "checkpoint": cp})]
     assert {tuple(mark.rpartition(":")[::2]) for mark in entries[0].marks} == {
         (f"{topic}.{group}.retry.1s", "0"), (f"{topic}.{group}.dlt", "0")}
 
@@ -450,7 +453,11 @@ def test_route_failures_refuses_a_batch_id_that_is_not_one(spark: Any, bootstrap
                                       "AS error")
     for wrong in (-1, "3", True):
         with pytest.raises(InvalidArgument, match=rf"batch_id={wrong!r}"):
-            route_failures(frame, bootstrap, "g", POLICY, batch_id=wrong)  # type: ignore[arg-type]
+            route_failures(frame, bootstrap, "g", POLICY, batch_id=wrong,  # type: ignore[arg-type]
+                           checkpoint="cp")
+    for alone in ({"batch_id": 3}, {"checkpoint": "cp"}, {"batch_id": 3, "checkpoint": ""}):
+        with pytest.raises(InvalidArgument, match=r"give batch_id and checkpoint .* together"):
+            route_failures(frame, bootstrap, "g", POLICY, **alone)  # type: ignore[arg-type]
 
 
 def decoded_frame(spark: Any, rows: list[tuple[str, list[tuple[str, bytes]], str]]) -> Any:
