@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, select, text, update
+from sqlalchemy import ColumnElement, Connection, func, select, text, update
 
 from redrive.store.matching import key_is
 from redrive.store.schema import ACTIVE, IN_FLIGHT, PARKED, PENDING, retries
@@ -39,25 +39,31 @@ def release_keys(conn: Connection, keys: Iterable[tuple[str, str, bytes | None]]
     return released
 
 
-def held_back(conn: Connection, dialect: str, chosen: ColumnElement[bool]) -> list[int]:
-    """Of the rows `chosen` to be made pending at once, those of keys kept in order that must
-    wait instead: all but each key's first (by partition and offset), and all of a key whose
-    other rows are pending or in flight. They are parked and released one by one."""
+def ordered_keys(conn: Connection, chosen: ColumnElement[bool]
+                 ) -> list[tuple[str, str, bytes | None]]:
+    """The keys kept in order among the rows `chosen`, to lock before those rows change."""
     c = retries.c
-    rows = conn.execute(select(c.id, c.group_id, c.topic, c.key, c.partition, c.offset)
-                        .where(chosen, c.ordered, c.key.is_not(None))).all()
+    return [(g, t, k) for g, t, k in conn.execute(
+        select(c.group_id, c.topic, c.key).where(chosen, c.ordered, c.key.is_not(None))
+        .distinct()).all()]
+
+
+def held_back(conn: Connection, made_pending: Sequence[Any]) -> list[int]:
+    """Of the rows just made pending (id, group_id, topic, key, partition, offset, ordered),
+    those of keys kept in order that must wait instead: all but each key's first (by partition
+    and offset), and all of a key that had another row pending or in flight already. They are
+    parked and released one by one."""
     by_key: dict[tuple[str, str, bytes], list[Any]] = defaultdict(list)
-    for row in rows:
-        by_key[(row.group_id, row.topic, row.key)].append(row)
-    lock_keys(conn, dialect, by_key)
+    for row in made_pending:
+        if row.ordered and row.key is not None:
+            by_key[(row.group_id, row.topic, row.key)].append(row)
     held: list[int] = []
     for (group, topic, key), of_key in by_key.items():
         of_key.sort(key=lambda row: (row.partition, row.offset))
         ids = [row.id for row in of_key]
-        busy = conn.execute(select(c.id).where(
-            key_is(group, topic, key), c.status.in_((PENDING, IN_FLIGHT)),
-            c.id.not_in(ids)).limit(1)).first() is not None
-        held += ids if busy else ids[1:]
+        active = conn.execute(select(func.count()).select_from(retries).where(
+            key_is(group, topic, key), retries.c.status.in_((PENDING, IN_FLIGHT)))).scalar_one()
+        held += ids if active > len(ids) else ids[1:]
     return held
 
 

@@ -31,7 +31,7 @@ from redrive.errors import InvalidArgument, RedriveError
 from redrive.store import claims, outcomes, schema
 from redrive.store.claims import DueBatch, Unnotified
 from redrive.store.database import DEFAULT_PATH, READ_ONLY, StoreUnavailable, database_url, engine
-from redrive.store.keys import held_back, key_active, lock_keys, release_keys
+from redrive.store.keys import held_back, key_active, lock_keys, ordered_keys, release_keys
 from redrive.store.matching import chunks, record_is
 from redrive.store.rows import (
     EVERY_ROW,
@@ -308,13 +308,16 @@ class RetryStore:
             values["attempt"] = 0
         chosen = and_(where.where(at), retries.c.status.in_((DEAD, schema.CANCELLED, PENDING,
                                                               IN_FLIGHT)))
+        c = retries.c
         with self._begin() as conn:
-            held = held_back(conn, self.dialect, chosen)
-            result = conn.execute(update(retries).where(chosen).values(**values))
-            for part in chunks(held):
-                conn.execute(update(retries).where(retries.c.id.in_(part)).values(
-                    status=PARKED, updated_ms=at))
-            return int(result.rowcount)
+            # A writer of these keys (a consumer's outcomes) waits until this commits.
+            lock_keys(conn, self.dialect, ordered_keys(conn, chosen))
+            made_pending = conn.execute(update(retries).where(chosen).values(**values).returning(
+                c.id, c.group_id, c.topic, c.key, c.partition, c.offset, c.ordered)).all()
+            for part in chunks(held_back(conn, made_pending)):
+                conn.execute(update(retries).where(c.id.in_(part)).values(status=PARKED,
+                                                                          updated_ms=at))
+            return len(made_pending)
 
     def cancel(self, where: RowFilter) -> int:
         """Cancel matching active rows; records parked behind a cancelled one move up."""

@@ -11,7 +11,7 @@ from sqlalchemy import text, update
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument
 from redrive.store import RetryStore, RowFilter
-from redrive.store.rows import Success
+from redrive.store.rows import Success, key_digest
 from redrive.store.schema import (
     CANCELLED,
     DEAD,
@@ -61,21 +61,26 @@ def test_a_store_of_the_first_schema_gains_the_ordered_column_with_its_rows_kept
             versions.create(conn)
             MIGRATIONS[0].apply(conn)
             conn.execute(versions.insert().values(version=1, description="v1", applied_ms=0))
-            conn.execute(text(
-                "INSERT INTO redrive_retries (group_id, topic, partition, \"offset\", mode, "
-                "attempt, due_ms, status, created_ms, updated_ms) "
-                "VALUES ('g', 't', 0, 4, 'reference', 1, 0, 'dead', 0, 0)"))
+            for offset in (4, 5):  # two dead rows of one key
+                conn.execute(text(
+                    "INSERT INTO redrive_retries (group_id, topic, partition, \"offset\", "
+                    "\"key\", key_digest, mode, attempt, due_ms, status, created_ms, "
+                    "updated_ms) VALUES ('g', 't', 0, :offset, :key, :digest, 'reference', 1, "
+                    "0, 'dead', 0, 0)"),
+                    {"offset": offset, "key": b"k", "digest": key_digest(b"k")})
     finally:
         first.close()
     store = RetryStore(store_url)
     try:
         assert store.schema_version() == LATEST == 2
-        [row] = store.find(RowFilter(group="g"))
-        assert (row.offset, row.status) == (4, DEAD)
+        assert [(r.offset, r.status) for r in store.find(RowFilter(group="g"))] == [
+            (4, DEAD), (5, DEAD)]
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT ordered FROM redrive_retries")).scalar() in (
-                False, 0)
-        assert store.requeue(RowFilter(group="g")) == 1  # an old row: its order was not kept
+            assert [bool(row[0]) for row in conn.execute(text(
+                "SELECT ordered FROM redrive_retries"))] == [False, False]
+        # Old rows recorded no order: both go at once, none is parked.
+        assert store.requeue(RowFilter(group="g")) == 2
+        assert {r.status for r in store.find(RowFilter(group="g"))} == {PENDING}
     finally:
         store.close()
 
