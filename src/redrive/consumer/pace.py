@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
-
-T = TypeVar("T")
 
 # Longer slices mean fewer, larger commits (transactions, in transactional mode); shorter ones a
 # retry handled sooner. The lateness goal behind a backlog is 250 ms at the 99th percentile.
@@ -43,11 +40,14 @@ class MainBatchSize:
             return self.most
         return max(1, int(self.slice_s / self._per_record_s))
 
-    def timed(self, handle: Callable[[Sequence[T]], object], batch: Sequence[T]) -> None:
-        """Handle a poll batch (retries and main records), timing it."""
+    def timed(self, handle: Callable[..., object], records: Sequence[object],
+              *args: object) -> None:
+        """Handle a poll batch's records (retries and main records), timing it. Only the
+        records' handling is timed: a batch's fixed costs (its commit, a transaction) would
+        read as a slow handler and shrink batches whose commits then cost more."""
         started = time.perf_counter()
-        handle(batch)
-        self.took(len(batch), time.perf_counter() - started)
+        handle(records, *args)
+        self.took(len(records), time.perf_counter() - started)
 
     def took(self, records: int, seconds: float) -> None:
         """A batch of `records` (retries and main records) took `seconds` to handle."""

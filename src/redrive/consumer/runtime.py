@@ -258,7 +258,7 @@ class RetryingConsumer:
                         # each partition's records stay in order.
                         messages = retries + messages
                     if messages:
-                        self._pace.timed(self._handle_batch, messages)
+                        self._handle_batch(messages)
                     elif committer.unconfirmed:
                         committer.settle()
                     if self.health.down:
@@ -307,7 +307,7 @@ class RetryingConsumer:
         batch = Batch()
         self._routes.new_batch()
         try:
-            self._handle_records(messages, batch)
+            self._pace.timed(self._handle_records, messages, batch)
         finally:
             # So that the times taken before a BaseException out of a handler are observed too.
             self.metrics.handler_took_all(batch.handler_times)
