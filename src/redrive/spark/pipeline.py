@@ -45,14 +45,15 @@ log = logging.getLogger("redrive.spark")
 _HEAD_WAIT_S = 3.0
 
 
-def check_local_sink(sink: str) -> None:
-    """A sink path on this machine's file system (no scheme, or file:) that cannot be made fails
-    here, naming it, not after the first batch as a long Hadoop trace. Other file systems (s3a:,
-    hdfs:) answer for themselves; a Connect server's files are not this machine's."""
+def check_local_sink(sink: str, default_fs: str) -> None:
+    """A sink path on this machine's file system (file:, or no scheme where Hadoop's default
+    file system is the local one) that cannot be made fails here, naming it, not after the
+    first batch as a long Hadoop trace. Other file systems (s3a:, hdfs:, a cluster's default)
+    answer for themselves; a Connect server's files are not this machine's."""
     if "/" not in sink and ":" not in sink:
         return  # a table
     scheme = re.match(r"([A-Za-z][\w+.-]*):", sink)
-    if scheme is not None and scheme.group(1).lower() != "file":
+    if (scheme.group(1) if scheme else default_fs.partition(":")[0]).lower() != "file":
         return
     path = Path(re.sub(r"^file:(//)?", "", sink)).absolute()
     existing = path
@@ -124,7 +125,8 @@ class RetryPipeline:
                                   "a backend deciding on the driver needs a classic session; "
                                   "on Spark Connect use retry topics")
         if isinstance(sink, str) and not self.remote:
-            check_local_sink(sink)
+            check_local_sink(sink, str(spark.sparkContext._jsc.hadoopConfiguration().get(
+                "fs.defaultFS")))
         self.sink = sink
         self.sink_format = sink_format
         self.checkpoint = checkpoint
