@@ -56,16 +56,20 @@ def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
     return created
 
 
-def group_members(admin_: AdminClient, group: str, timeout_s: float = 10.0) -> int:
+def group_members(admin_: AdminClient, group: str, timeout_s: float = 10.0) -> int | None:
     """How many members `group` has now: 0 when no consumer of it is running (or it never
-    existed: Kafka describes an unknown group as dead, with none)."""
+    existed: Kafka describes an unknown group as dead, with none); None when the cluster does
+    not let this client describe it."""
     try:
         described = admin_.describe_consumer_groups(
             [group], request_timeout=timeout_s)[group].result(timeout=timeout_s)
     except KafkaException as exc:
         error = exc.args[0]
-        if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
+        code = error.code() if isinstance(error, KafkaError) else None
+        if code == KafkaError.GROUP_ID_NOT_FOUND:
             return 0
+        if code == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            return None
         raise BrokerUnavailable(_bootstrap(admin_), str(error)) from exc
     except TimeoutError as exc:
         raise BrokerUnavailable(_bootstrap(admin_), f"describing group {group!r} got no answer "
