@@ -78,7 +78,12 @@ def check_bounds(start: Mapping[PartitionKey, int], end: Mapping[PartitionKey, i
                                     f"partition {topic}[{partition}] ends at offset {latest[tp]};"
                                     f" {end[tp]} is past it")
         if start[tp] > end[tp]:
-            raise SourceOptionError("startingOffsets", _shown(options.starting),
+            # Name the option the user gave: an end before the partition's first offset when
+            # only endingOffsets was given.
+            option, given = (("startingOffsets", options.starting)
+                             if isinstance(options.starting, dict)
+                             else ("endingOffsets", options.ending))
+            raise SourceOptionError(option, _shown(given),
                                     f"partition {topic}[{partition}] would start at offset "
                                     f"{start[tp]}, after its ending offset {end[tp]}")
 
