@@ -49,14 +49,13 @@ def ordered_keys(conn: Connection, chosen: ColumnElement[bool]
 
 
 def held_back(conn: Connection, made_pending: Sequence[Any]) -> list[int]:
-    """Of the rows just made pending (id, group_id, topic, key, partition, offset, ordered),
-    those of keys kept in order that must wait instead: all but each key's first (by partition
+    """Of the rows of keys kept in order just made pending (id, group_id, topic, key,
+    partition, offset), those that must wait instead: all but each key's first (by partition
     and offset), and all of a key that had another row pending or in flight already. They are
     parked and released one by one."""
     by_key: dict[tuple[str, str, bytes], list[Any]] = defaultdict(list)
     for row in made_pending:
-        if row.ordered and row.key is not None:
-            by_key[(row.group_id, row.topic, row.key)].append(row)
+        by_key[(row.group_id, row.topic, row.key)].append(row)
     held: list[int] = []
     for (group, topic, key), of_key in by_key.items():
         of_key.sort(key=lambda row: (row.partition, row.offset))
