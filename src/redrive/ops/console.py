@@ -378,11 +378,10 @@ class Console:
     def _check_places(self, dlt: str, places: frozenset[tuple[int, int]]) -> None:
         """Refuse a named record the topic cannot hold (a replay of it would select nothing
         and read as done)."""
-        marks = Reader(self.connection, dlt, self.timeout_s).marks()
+        reader = Reader(self.connection, dlt, self.timeout_s)
+        marks = reader.marks()
         for partition, offset in sorted(places):
-            if partition not in marks:
-                raise InvalidArgument("records", f"{partition}:{offset}",
-                                      f"{dlt} has partitions 0..{len(marks) - 1}")
+            reader.check_partition(partition, "records", f"{partition}:{offset}")
             low, high = marks[partition]
             if not low <= offset < high:
                 raise InvalidArgument("records", f"{partition}:{offset}",

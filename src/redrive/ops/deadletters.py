@@ -244,10 +244,8 @@ class Reader:
 
     def records(self, selection: DeadLetterFilter | None = None) -> Iterator[DeadLetterRecord]:
         selection = selection or DeadLetterFilter()
-        beyond = sorted(p for p in selection.partitions if p >= self._partitions)
-        if beyond:
-            raise InvalidArgument("partition", beyond[0],
-                                  f"{self.topic} has partitions 0..{self._partitions - 1}")
+        for partition in sorted(selection.partitions):
+            self.check_partition(partition, "partition", partition)
         for message in read_topic(self.connection, self.topic, self._partitions,
                                   idle_s=self.timeout_s, narrow=selection.offsets):
             letter = DeadLetterRecord.of(consumed(message))
@@ -280,11 +278,15 @@ class Reader:
             if selection.matches(letter):
                 yield letter
 
+    def check_partition(self, partition: int, field: str, value: object) -> None:
+        """Refuse a partition the topic does not have, naming the field it was given as."""
+        if not 0 <= partition < self._partitions:
+            raise InvalidArgument(field, value,
+                                  f"{self.topic} has partitions 0..{self._partitions - 1}")
+
     def one(self, partition: int, offset: int) -> DeadLetterRecord:
         """The record at partition:offset; raises InvalidArgument if there is none."""
-        if not 0 <= partition < self._partitions:
-            raise InvalidArgument("record", f"{partition}:{offset}",
-                                  f"{self.topic} has partitions 0..{self._partitions - 1}")
+        self.check_partition(partition, "record", f"{partition}:{offset}")
         found = list(self.records(DeadLetterFilter(partitions=frozenset({partition}),
                                                    coordinates=frozenset({(partition, offset)}))))
         if not found:
