@@ -50,10 +50,17 @@ def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
                                     f"answer in {timeout_s:g} s") from exc
         except KafkaException as exc:
             error = exc.args[0]
-            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            code = error.code() if isinstance(error, KafkaError) else None
+            if code == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
+            if code in _UNANSWERED:  # librdkafka's own timeout may come first
+                raise BrokerUnavailable(_bootstrap(admin_), f"creating topic {name!r} got no "
+                                        f"answer in {timeout_s:g} s ({error})") from exc
             raise
     return created
+
+
+_UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
 
 
 def group_members(admin_: AdminClient, group: str, timeout_s: float = 10.0) -> int | None:
