@@ -29,6 +29,13 @@ from redrive.dev.brokers import DevBroker
 settings.register_profile("redrive", deadline=None)
 settings.load_profile("redrive")
 
+# grpcio 1.81 and later (grpc/grpc#43055): while a Spark Connect client's channel is open, a child
+# forked with a preexec_fn, as pyspark forks the classic session's JVM, now and then aborts
+# before exec (SIGABRT, "epoll_wait error: Bad file descriptor"), and the session fails to start
+# with JAVA_GATEWAY_EXITED. gRPC's fork handlers are for children that go on using gRPC, which
+# none here does; grpc reads this when first imported, which no test module has done yet.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 EXTERNAL_ENV = "REDRIVE_TEST_BOOTSTRAP"
 BROKER_FIXTURES = frozenset({"broker", "bootstrap", "new_topic"})
 TANSU_FIXTURES = frozenset({"tansu", "tansu_topic"})
