@@ -4,22 +4,34 @@ Default naming gives one retry topic per distinct delay (`orders.billing.retry.5
 retry topic all waited the same delay, so due times rise with offsets, and the topic count stays
 bounded however many attempts a policy allows. Per-attempt naming (`orders.billing.retry.2`)
 is the Spring Kafka style.
+
+Either way a retry topic's name comes from the policy, so another backoff, naming or retry backend
+gives a group other retry topics, and copies still waiting in the old ones would be read by no
+one. `former_retry_topics` finds those that still hold records past the group's offsets, for a
+runtime to read until they are handled.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
 
 from redrive import kafka
 from redrive.errors import InvalidArgument, UnknownTopic
+from redrive.kafka.admin import partition_offsets
 from redrive.policy import Naming, RetryPolicy, format_ms
 
+log = logging.getLogger("redrive.topics")
+
 SEPARATOR = "."
+# What follows `<topic>.<group>.retry.`: a delay as format_ms spells it, or an attempt number.
+_RETRY_SUFFIX = re.compile(r"[0-9]+(?:ms|s|m|h|d)?")
 _LEGAL = re.compile(r"^[A-Za-z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 
@@ -89,6 +101,43 @@ class TopicPlan:
 
 def retry_topic_name(topic: str, group: str, suffix: str) -> str:
     return SEPARATOR.join((topic, group, "retry", suffix))
+
+
+def retried_topic(name: str, group: str) -> str | None:
+    """The topic whose retry topic for `group` `name` is by redrive's naming (either kind), or
+    None when `name` is not one."""
+    marker = SEPARATOR.join(("", group, "retry", ""))
+    at = name.rfind(marker)
+    if at <= 0 or not _RETRY_SUFFIX.fullmatch(name, at + len(marker)):
+        return None
+    return name[:at]
+
+
+def former_retry_topics(connection: kafka.Connection, group: str, mains: Iterable[str],
+                        consumed: Collection[str], partitions: Mapping[str, int]) -> dict[str, str]:
+    """The group's retry topics on the cluster (`partitions`: every topic's partition count)
+    that it no longer reads (`consumed`) but that hold records past its committed offsets, each
+    with its main topic; each is logged once with the count it holds."""
+    wanted = set(mains)
+    former = {name: main for name in partitions if name not in consumed
+              and (main := retried_topic(name, group)) is not None and main in wanted}
+    if not former:
+        return {}
+    consumer = kafka.consumer(connection, group)
+    try:
+        offsets = partition_offsets(
+            consumer, [(name, p) for name in sorted(former) for p in range(partitions[name])])
+    finally:
+        consumer.close()
+    waiting: Counter[str] = Counter()
+    for (name, _), offset in offsets.items():
+        waiting[name] += offset.high - offset.resume
+    for name in sorted(former):
+        if waiting[name] > 0:
+            log.warning("group %s: %s is not among the policy's retry topics but holds up to %d "
+                        "records past the group's offsets (an earlier policy's); reading it "
+                        "too, so that they are handled", group, name, waiting[name])
+    return {name: main for name, main in former.items() if waiting[name] > 0}
 
 
 def dead_letter_name(topic: str, group: str) -> str:

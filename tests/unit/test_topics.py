@@ -1,8 +1,18 @@
-import pytest
+import string
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from redrive import headers as h
 from redrive import topics
+from redrive.backends import DelayQueue
+from redrive.clock import now_ms
+from redrive.delay import Tiers
 from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Delivery, Origin, Record
+from redrive.routing import Retry
 
 
 def test_seed_sequence_default_plan_is_exact() -> None:
@@ -50,3 +60,36 @@ def test_partition_kept_only_when_retry_topic_has_it() -> None:
     assert topics.partition_for(3, 4) == 3
     assert topics.partition_for(3, 3) is None
     assert topics.partition_for(None, 3) is None
+
+
+names = st.text(alphabet=string.ascii_letters + string.digits + "._-", min_size=1, max_size=30)
+policies = st.builds(
+    lambda delays, per_attempt: RetryPolicy(backoff=Backoff.sequence(delays),
+                                            naming="per-attempt" if per_attempt else "per-delay"),
+    st.lists(st.integers(1, 10**8), min_size=1, max_size=6).map(
+        lambda ms: ",".join(f"{m}ms" for m in ms)),
+    st.booleans())
+
+
+@given(topic=names, group=names, policy=policies)
+def test_each_retry_topic_of_a_plan_names_its_topic_and_no_other_topic_does(
+        topic: str, group: str, policy: RetryPolicy) -> None:
+    plan = topics.plan(policy, topic, group)
+    for name in plan.retry_topic_names:
+        assert topics.retried_topic(name, group) == topic
+    assert topics.retried_topic(topic, group) is None or topic.count(".retry.") > 0
+    assert topics.retried_topic(f"{topic}.{group}.dlt", group) is None
+    assert topics.retried_topic(f"{topic}.{group}.retry.x5s", group) is None
+
+
+def test_a_copy_from_an_earlier_policys_retry_topic_goes_back_to_its_main_topic() -> None:
+    bound = DelayQueue(Tiers.parse("1s,10s")).bind("billing")
+    origin = Origin("orders", 2, 40, 1_700_000_000_000)
+    for read_from, target in (("orders.billing.retry.5m", "orders"), ("orders", "orders"),
+                              ("payments", "payments")):
+        record = Record(read_from, 2, 7, 1, b"k", b"v", [],
+                        Delivery(attempt=1, group="billing", original=origin))
+        decision = Retry("orders.billing.retry.5m", now_ms() + 5_000, [], 2, 2)
+        out = bound.failed(record, decision, {"redrive.delay.1s": 1})
+        assert out is not None and out.topic == "redrive.delay.1s"
+        assert h.last(out.headers, h.TARGET) == target.encode()

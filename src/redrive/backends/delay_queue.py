@@ -39,7 +39,7 @@ class DelayQueue(RetryBackend):
         self.tiers = tiers
 
     def bind(self, group: str) -> BoundBackend:
-        return _DelayQueueBound(self.tiers)
+        return _DelayQueueBound(self.tiers, group)
 
     def plan(self, plan: topics.TopicPlan) -> topics.TopicPlan:
         return own_topics(plan)
@@ -54,8 +54,9 @@ def own_topics(plan: topics.TopicPlan) -> topics.TopicPlan:
 
 
 class _DelayQueueBound(BoundBackend):
-    def __init__(self, tiers: Tiers) -> None:
+    def __init__(self, tiers: Tiers, group: str) -> None:
         self.tiers = tiers
+        self.group = group
 
     def consumed_topics(self, plan: topics.TopicPlan) -> list[str]:
         return [plan.topic]
@@ -87,7 +88,9 @@ class _DelayQueueBound(BoundBackend):
                                    h.replace(decision.headers, {h.TARGET: None}), partition)
         now = now_ms()
         hop = self.tiers.next_hop(decision.due_ms - now)
-        headers = h.replace(decision.headers, {h.TARGET: record.topic})
+        # A copy read from a retry topic of an earlier policy goes back to that topic's main.
+        target = topics.retried_topic(record.topic, self.group) or record.topic
+        headers = h.replace(decision.headers, {h.TARGET: target})
         # Stamped with the hop's start: the service counts the hop's wait from the timestamp.
-        return kafka.OutRecord(record.topic if hop is None else hop.topic, record.value,
+        return kafka.OutRecord(target if hop is None else hop.topic, record.value,
                                record.key, headers, timestamp_ms=now)

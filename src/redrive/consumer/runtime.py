@@ -1,9 +1,10 @@
 """RetryingConsumer: a plain-Python Kafka consumer with non-blocking retries and dead letters.
 
-One consumer group reads the main topics and the group's retry topics (from `topics.plan`); the
-retry partitions are fetched by a reader of their own (`redrive.consumer.readers`), whose records
-are taken first, and main batches are kept short (`redrive.consumer.pace`), so a due retry never
-waits behind a backlog of the main topics. Each poll batch is handled record by record, in order:
+One consumer group reads the main topics and the group's retry topics (from `topics.plan`, and
+those of an earlier policy while they hold records: `topics.former_retry_topics`); the retry
+partitions are fetched by a reader of their own (`redrive.consumer.readers`), whose records are
+taken first, and main batches are kept short (`redrive.consumer.pace`), so a due retry never waits
+behind a backlog of the main topics. Each poll batch is handled record by record, in order:
 
 - a record whose `redrive-group` names another group is skipped and committed;
 - a record not yet due (`redrive-due` ahead of the local clock) holds its partition: the partition
@@ -70,7 +71,7 @@ from redrive.policy import Disposition, RetryPolicy
 from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Record, new_record
 from redrive.routing import DeadLetter
 from redrive.signals import stop_on_signals
-from redrive.topics import check_name, check_names, plans
+from redrive.topics import check_name, check_names, former_retry_topics, plans
 
 log = logging.getLogger("redrive.consumer")
 
@@ -196,10 +197,8 @@ class RetryingConsumer:
             raise RedriveError(f"consumer of group {self.group!r} is closed; make a new one")
         producer: Producer | None = None
         if not self.transactional:
-            # The producer first: an idempotent producer asks for its producer id only once it
-            # has a broker connection, retrying every 500 ms, so it cannot write a copy for the
-            # first 0.5-1 s of its life. Made before the topic set-up and the group join, that
-            # wait overlaps them instead of stalling the first batch with unconfirmed copies.
+            # The producer first: an idempotent producer writes no copy in its first 0.5-1 s (it
+            # asks for its id once connected); made now, that overlaps the set-up and the join.
             producer = self._new_producer()
         try:
             admin = kafka.admin(self._connection)
@@ -207,9 +206,10 @@ class RetryingConsumer:
                 for warning in self._backend.prepare(admin, self.plans):
                     log.warning("%s", warning)
             self._partitions = kafka.topic_partitions(admin)
-            for name in self.subscribed:
-                if name not in self._partitions:
-                    raise UnknownTopic(name)
+            if missing := [name for name in self.subscribed if name not in self._partitions]:
+                raise UnknownTopic(missing[0])
+            self._main_of.update(former_retry_topics(
+                self._connection, self.group, self.topics, self._main_of, self._partitions))
         except BaseException:
             producer = None  # nothing was produced: dropping it releases it
             raise

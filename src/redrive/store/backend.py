@@ -93,7 +93,9 @@ class _StoreBound(BoundBackend):
         return (self.backend.policies or {}).get(topic, default)
 
     def _dispatched(self, record: Record) -> bool:
-        return record.delivery.group == self.group and record.delivery.original is not None
+        # A copy read from a retry topic (an earlier policy's) has no row: it is handled anew.
+        return (record.delivery.group == self.group and record.delivery.original is not None
+                and topics.retried_topic(record.topic, self.group) is None)
 
     def prefetch(self, records: Sequence[Record]) -> None:
         origins: list[Coordinates] = []

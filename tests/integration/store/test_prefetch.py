@@ -259,3 +259,15 @@ def test_the_consumer_prefetches_every_record_it_admits(
             run.stop()
     assert sorted(value for value, attempt in handled if attempt > 0) == values[1:]
     assert single == []  # every admit was answered from the batch's prefetch
+
+
+def test_a_copy_from_an_earlier_policys_retry_topic_is_handled_not_taken_for_a_duplicate(
+        store: RetryStore) -> None:
+    """Retry copies left in retry topics when a group moved to the store have no row: they are
+    handled as any record, where the store's own copy without a row is a duplicate."""
+    bound = StoreBackend(store).bind(GROUP)
+    left = Record(f"{TOPIC}.{GROUP}.retry.5s", 0, 3, 1, None, b"v", [("redrive-group", b"g")],
+                  Delivery(attempt=1, group=GROUP,
+                           original=Origin(TOPIC, 0, 7, 1_700_000_000_000)))
+    assert bound.admit(copy(7, 1)) is Verdict.DUPLICATE
+    assert bound.admit(left) is Verdict.PROCESS
