@@ -54,9 +54,15 @@ class Subscription:
         # Metrics are labelled by main topic, as in every runtime, whichever topic a record is on.
         self.main_of = {name: plan.topic for plan in self.plans.values()
                         for name in [*plan.consumed_topics, *plan.created_topics]}
+        # Retry topics of an earlier policy that still hold records (found by ensure_topics).
+        self.former: dict[str, str] = {}
 
     @property
     def consumed_topics(self) -> list[str]:
+        return [*self._planned_topics, *self.former]
+
+    @property
+    def _planned_topics(self) -> list[str]:
         return [name for plan in self.plans.values()
                 for name in self.backend.consumed_topics(plan)]
 
@@ -68,11 +74,16 @@ class Subscription:
         return [name for plan in self.plans.values() for name in plan.created_topics]
 
     def ensure_topics(self) -> dict[str, int]:
-        """Create what the retry backend needs; return every topic's partition count."""
+        """Create what the retry backend needs, and find the retry topics of an earlier policy
+        that still hold records, to be read too; return every topic's partition count."""
         admin = kafka.admin(self.connection)
         for warning in self.backend.prepare(admin, self.plans):
             log.warning("pipeline %s: %s", self.group, warning)
-        return kafka.topic_partitions(admin)
+        partitions = kafka.topic_partitions(admin)
+        self.former = topics.former_retry_topics(self.connection, self.group, self.main_topics,
+                                                 self._planned_topics, partitions)
+        self.main_of.update(self.former)
+        return partitions
 
     def source_options(self, starting_offsets: str = "earliest",
                        max_offsets_per_trigger: int | None = None) -> dict[str, str]:
@@ -84,12 +95,14 @@ class Subscription:
             "includeHeaders": "true",
             "redrive.group": self.group,
         })
-        gated = [name for name in self.consumed_topics if name not in self.main_topics]
-        if self.topics_backend and gated:
-            # Only retry copies carry due times; scanning the main topics would only cost.
+        # Only retry copies carry due times; scanning the main topics would only cost. A store's
+        # scheduler publishes a copy only once it is due; an earlier policy's copies wait in its
+        # retry topics whatever the backend now.
+        gated = [name for name in self.consumed_topics if name not in self.main_topics
+                 and (self.topics_backend or name in self.former)]
+        if gated:
             options["redrive.gatedTopics"] = ",".join(gated)
         else:
-            # A store's scheduler publishes a copy only once it is due.
             options["redrive.gate"] = "false"
         if max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)

@@ -177,6 +177,33 @@ def test_restart_from_checkpoint_loses_nothing(spark: Any, bootstrap: str, new_t
     assert len(keys) == len(set(keys))
 
 
+def test_retries_left_in_an_earlier_policys_topics_are_read_after_a_policy_change(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    topic = new_topic(partitions=2)
+    group = unique_name("former")
+    before = RetryPolicy(backoff=Backoff.fixed("15s"), attempts=3)
+    after = RetryPolicy(backoff=Backoff.fixed("1s"), attempts=3)
+    sent = produce(bootstrap, topic, ["ok"] * 10 + ["fail1"] * 5)
+    rows: list[Any] = []
+    options = {"function": handle, "output_schema": OUTPUT, "sink": collecting_sink(rows),
+               "checkpoint": str(tmp_path / "cp"), "trigger_interval": "300 milliseconds"}
+    first = RetryPipeline(spark, bootstrap, topic, group, before, **options).run(
+        until=lambda s: s.succeeded >= 10 and s.retried_by_attempt.get(1, 0) >= 5, timeout_s=90)
+    assert first.retried_by_attempt == {1: 5}
+    assert sorted(row["attempt"] for row in rows) == [0] * 10  # stopped before the copies were due
+
+    second = RetryPipeline(spark, bootstrap, topic, group, after, **options)
+    second.run(until=lambda s: len(rows) >= 15, timeout_s=90)
+    old_retry = f"{topic}.{group}.retry.15s"
+    assert old_retry in second.consumed_topics
+    assert second.source_options()["redrive.gatedTopics"].split(",") == [
+        f"{topic}.{group}.retry.1s", old_retry]
+    assert sorted(row["key"] for row in rows) == sorted(sent)  # each once
+    retried = [row for row in rows if sent[row["key"]] == "fail1"]
+    assert [row["attempt"] for row in retried] == [1] * 5
+    assert all(row["late_ms"] >= 0 for row in retried)  # never before the earlier policy's due
+
+
 def test_vectorized_form(spark: Any, bootstrap: str, new_topic: Any, unique_name: Any,
                          tmp_path: Path) -> None:
     topic = new_topic()
