@@ -41,7 +41,7 @@ def discover_retry_topics(existing: Iterable[str], topic: str, group: str) -> li
     order by value is the order records move through them for the usual rising schedules.
     """
     prefix = topics.retry_topic_name(topic, group, "")
-    found = [name for name in existing if name.startswith(prefix)]
+    found = [name for name in existing if topics.retried_topic(name, group) == topic]
 
     def order(name: str) -> tuple[int, str]:
         suffix = name[len(prefix):]

@@ -23,7 +23,9 @@ from redrive.policy import Backoff, RetryPolicy
 
 def test_discovery_orders_by_delay_or_attempt_and_ignores_other_groups() -> None:
     existing = ["orders", "orders.billing.retry.1m", "orders.billing.retry.500ms",
-                "orders.billing.retry.5s", "orders.audit.retry.1s", "orders.billing.dlt"]
+                "orders.billing.retry.5s", "orders.audit.retry.1s", "orders.billing.dlt",
+                # the retry topic of another topic (whose name happens to start alike)
+                "orders.billing.retry.5s.billing.retry.1s"]
     assert discover_retry_topics(existing, "orders", "billing") == [
         "orders.billing.retry.500ms", "orders.billing.retry.5s", "orders.billing.retry.1m"]
     assert discover_retry_topics(["o.g.retry.10", "o.g.retry.2"], "o", "g") == \
