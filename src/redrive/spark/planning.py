@@ -202,6 +202,23 @@ class Broker:
                 return
         scan.clear_to = max(scan.clear_to, reader.position(tp))
 
+    def group_offsets(self, tps: Sequence[PartitionKey]) -> Offsets:
+        """Where redrive.group stands on these partitions (those it committed on)."""
+        group = self.options.group
+        if group is None or not tps:
+            return {}
+        try:
+            if self._committer is None:
+                self._committer = self.options.consumer(group)
+            found = self._committer.committed([TopicPartition(t, p) for t, p in tps],
+                                              timeout=30)
+        except KafkaException as exc:
+            raise BrokerUnavailable(self.options.bootstrap,
+                                    f"reading group {group!r}'s offsets failed: "
+                                    f"{exc.args[0]}") from exc
+        return {(str(tp.topic), int(tp.partition)): int(tp.offset) for tp in found
+                if tp.offset >= 0}
+
     def commit_group(self, offsets: Offsets) -> bool:
         """Mirror the query's progress into redrive.group so lag tools see it. The checkpoint
         stays the source of truth, so a failed commit is reported and not fatal."""

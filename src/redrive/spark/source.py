@@ -187,11 +187,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         subscribed = set(self.options.topics)
         end: Offsets = {tp: offset for tp, offset in begin.items()
                         if tp[0] in subscribed and tp not in latest}
-        # A partition that appeared since the last batch enters the offsets at its earliest
-        # offset first, so every batch's start is a recorded value and replays read the same.
-        for tp in tps:
-            if tp not in begin:
-                end[tp] = earliest[tp]
+        # A partition that appeared since the last batch enters the offsets first, so every
+        # batch's start is a recorded value and replays read the same: where redrive.group
+        # stands on it (a topic back in the subscription, whose offsets the checkpoint dropped:
+        # a retry topic of a policy brought back), else at its earliest offset.
+        entering = [tp for tp in tps if tp not in begin]
+        stood = broker.group_offsets(entering)
+        for tp in entering:
+            at = stood.get(tp, earliest[tp])
+            end[tp] = at if earliest[tp] <= at <= latest[tp] else earliest[tp]
         known = {tp: begin[tp] for tp in tps if tp in begin}
         ceiling: Offsets = {}
         for tp, offset in known.items():

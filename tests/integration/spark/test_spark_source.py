@@ -348,6 +348,35 @@ def test_new_partitions_are_read_from_earliest(spark: Any, bootstrap: str, new_t
         [(0, o) for o in range(13)] + [(1, o) for o in range(7)])
 
 
+def test_a_topic_back_in_the_subscription_goes_on_where_the_group_stood(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """A retry topic leaves the subscription (its policy was changed) and comes back (the change
+    was reverted) on the same checkpoint, which forgot its offsets: it is read from where
+    redrive.group stands on it, not from its start again."""
+    main, retry = new_topic(1), new_topic(1)
+    group = unique_name("back")
+    options = {"startingOffsets": "earliest", "redrive.group": group}
+    produce(bootstrap, main, 3, partition=0)
+    produce(bootstrap, retry, 10, partition=0)
+    collector = Collector()
+    checkpoint = tmp_path / "ck"
+    run_available_now(spark, bootstrap, f"{main},{retry}", checkpoint, collector, **options)
+    produce(bootstrap, main, 2, partition=0, start=3)
+    run_available_now(spark, bootstrap, main, checkpoint, collector, **options)
+    produce(bootstrap, retry, 2, partition=0, start=10)
+    produce(bootstrap, main, 1, partition=0, start=5)
+    run_available_now(spark, bootstrap, f"{main},{retry}", checkpoint, collector, **options)
+    assert sorted(collector.keys()) == sorted(
+        [(main, 0, o) for o in range(6)] + [(retry, 0, o) for o in range(12)])
+    # A partition the group never committed on still starts at its earliest offset.
+    fresh = new_topic(1)
+    produce(bootstrap, fresh, 4, partition=0)
+    run_available_now(spark, bootstrap, f"{main},{retry},{fresh}", checkpoint, collector,
+                      **options)
+    read = collector.keys()
+    assert sorted(k for k in read if k[0] == fresh) == [(fresh, 0, o) for o in range(4)]
+
+
 def test_deleted_records_fail_the_query_unless_allowed(spark: Any, bootstrap: str,
                                                        new_topic: Any, tmp_path: Path) -> None:
     topic = new_topic(1)
