@@ -126,12 +126,13 @@ def wait_for_topic(bootstrap: str, topic: str, partitions: int,
 
 
 def topic_factory(bootstrap: str, request: pytest.FixtureRequest) -> NewTopic:
-    def new_topic(partitions: int = 1, name: str | None = None) -> str:
+    def new_topic(partitions: int = 1, name: str | None = None,
+                  config: dict[str, str] | None = None) -> str:
         if partitions < 1:
             raise ValueError(f"invalid partitions={partitions!r}: must be >= 1")
         topic = name if name is not None else make_unique_name(request.node.name)
         admin = kafka.admin(bootstrap)
-        if topic not in kafka.create_topics(admin, {topic: partitions}):
+        if topic not in kafka.create_topics(admin, {topic: partitions}, config=config):
             existing = kafka.partition_count(admin, topic)
             if existing != partitions:
                 raise ValueError(f"invalid partitions={partitions!r}: topic {topic!r} already "
@@ -164,7 +165,8 @@ def bootstrap(broker: SessionBroker) -> str:
 
 @pytest.fixture
 def new_topic(bootstrap: str, request: pytest.FixtureRequest) -> NewTopic:
-    """new_topic(partitions=1, name=None) -> str: create a topic and wait until it is usable.
+    """new_topic(partitions=1, name=None, config=None) -> str: create a topic (with these topic
+    configs) and wait until it is usable.
 
     Without a name, the topic is named after the test plus a random suffix. A given name is used
     as it is; an existing topic of that name must already have `partitions` partitions.

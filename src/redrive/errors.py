@@ -46,6 +46,23 @@ class DeliveryFailed(RedriveError):
         super().__init__(f"delivery to {where} failed: {why}")
 
 
+class RecordTooLarge(RedriveError):
+    """The producer refused a record as larger than its `message.max.bytes`; nothing is
+    committed past it. `origin`: where a copy's record was first read, if known."""
+
+    def __init__(self, topic: str, size: int, origin: str | None = None, *,
+                 cut: bool = False) -> None:
+        self.topic = topic
+        self.size = size
+        self.origin = origin
+        what = f"the copy of {origin}" if origin else "a record"
+        how = " even with its error text cut" if cut else ""
+        super().__init__(
+            f"{what} for topic {topic!r} carries {size:,} bytes, more than the producer's "
+            f"message.max.bytes{how}: raise message.max.bytes in the settings of redrive's "
+            f"producer (and max.message.bytes on {topic!r} if it is lower)")
+
+
 class BrokerUnavailable(RedriveError):
     """No broker answered at the configured bootstrap address."""
 

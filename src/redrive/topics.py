@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from redrive import kafka
 from redrive.errors import InvalidArgument, UnknownTopic
-from redrive.kafka.admin import partition_offsets
+from redrive.kafka.admin import KAFKA_RECORD_LIMIT, RECORD_LIMIT, partition_offsets
 from redrive.policy import Naming, RetryPolicy, format_ms
 
 log = logging.getLogger("redrive.topics")
@@ -189,19 +189,44 @@ class Mismatch:
 
 
 @dataclass(frozen=True)
+class SmallerLimit:
+    """A topic that takes smaller records than its source topic (`max.message.bytes`), or a
+    client that sends smaller ones (`client`: the connection's `message.max.bytes`)."""
+
+    topic: str
+    limit: int
+    needed: int
+    client: bool = False
+
+    def __str__(self) -> str:
+        if self.client:
+            return (f"{self.topic} takes records up to {self.needed:,} bytes, but redrive's "
+                    f"clients send at most {self.limit:,} (message.max.bytes): a failed record "
+                    "larger than that cannot be copied; set message.max.bytes to at least "
+                    f"{self.needed:,} in the settings of redrive's producer")
+        return (f"{self.topic} takes records up to {self.limit:,} bytes (max.message.bytes), "
+                f"fewer than the {self.needed:,} of its source topic: copies of larger records "
+                "cannot be written there")
+
+
+@dataclass(frozen=True)
 class EnsureReport:
     created: tuple[str, ...]
     existing: tuple[str, ...]
-    mismatched: tuple[Mismatch, ...]
+    mismatched: tuple[Mismatch | SmallerLimit, ...]
 
 
 def ensure_topics(admin: AdminClient, topic_plan: TopicPlan, *, partitions: int | None = None,
                   replication_factor: int = -1,
                   config: Mapping[str, str] | None = None) -> EnsureReport:
-    """Create the plan's missing topics, with as many partitions as the source topic by default.
+    """Create the plan's missing topics, with as many partitions as the source topic by default,
+    and its `max.message.bytes` where the source topic was set to take records larger than
+    Kafka's default (a copy is the record plus headers: it must fit where the record did).
 
     Existing topics are left as they are; those with fewer partitions than the source topic are
-    reported, because partition-preserving routing cannot keep their records' partitions.
+    reported, because partition-preserving routing cannot keep their records' partitions, and
+    so are those that take smaller records than the source topic, and a connection whose
+    clients send smaller records than the source topic was set to take.
     """
     counts = kafka.topic_partitions(admin)
     if topic_plan.topic not in counts and partitions is None:
@@ -211,11 +236,27 @@ def ensure_topics(admin: AdminClient, topic_plan: TopicPlan, *, partitions: int 
         raise InvalidArgument("partitions", needed, "must be >= 1")
     missing = [name for name in topic_plan.created_topics if name not in counts]
     existing = [name for name in topic_plan.created_topics if name in counts]
+    limits = kafka.record_limits(admin, [topic_plan.topic, *existing]) \
+        if topic_plan.topic in counts else {}
+    source_limit = limits.get(topic_plan.topic)
+    new_config = dict(config or {})
+    # Raised, never lowered: a new topic's limit below the cluster's default would refuse
+    # batches that redrive's producer builds up to its own batch.size.
+    if source_limit is not None and source_limit.own and source_limit.bytes > KAFKA_RECORD_LIMIT:
+        new_config.setdefault(RECORD_LIMIT, str(source_limit.bytes))
     created = kafka.create_topics(admin, {name: needed for name in missing},
-                                  replication_factor=replication_factor, config=config)
+                                  replication_factor=replication_factor, config=new_config)
     source = counts.get(topic_plan.topic, needed)
-    mismatched = [Mismatch(name, counts[name], source) for name in existing
-                  if counts[name] < source]
+    mismatched: list[Mismatch | SmallerLimit] = [
+        Mismatch(name, counts[name], source) for name in existing if counts[name] < source]
+    if source_limit is not None:
+        mismatched.extend(SmallerLimit(name, limits[name].bytes, source_limit.bytes)
+                          for name in existing
+                          if name in limits and limits[name].bytes < source_limit.bytes)
+        if source_limit.own and isinstance(admin, kafka.Admin) \
+                and admin.record_limit < source_limit.bytes:
+            mismatched.append(SmallerLimit(topic_plan.topic, admin.record_limit,
+                                           source_limit.bytes, client=True))
     return EnsureReport(tuple(created), tuple(existing), tuple(mismatched))
 
 

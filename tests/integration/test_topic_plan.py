@@ -44,6 +44,38 @@ def test_existing_topics_with_too_few_partitions_are_reported(
     assert plan.retry_topics[0].name not in report.created
 
 
+def test_the_plan_takes_the_source_topics_record_limit_and_smaller_ones_are_reported(
+        bootstrap: str, new_topic: Any, unique_name: Any) -> None:
+    """A copy is the record plus headers: where the source topic was set to take large records,
+    the plan's new topics are too, and an existing topic or a client that would refuse them is
+    reported."""
+    source = new_topic(partitions=2, config={"max.message.bytes": "2000000"})
+    admin = kafka.admin(bootstrap)
+    plan = topics.plan(SEED, source, unique_name("billing"))
+    old = new_topic(partitions=2, name=plan.retry_topics[0].name)  # the cluster's default limit
+    report = topics.ensure_topics(admin, plan)
+    default = kafka.record_limits(admin, [old])[old]
+    assert not default.own and default.bytes < 2_000_000
+    assert report.mismatched == (
+        topics.SmallerLimit(old, default.bytes, 2_000_000),
+        topics.SmallerLimit(source, 1_000_000, 2_000_000, client=True))
+    assert f"{old} takes records up to {default.bytes:,} bytes (max.message.bytes), fewer " \
+        "than the 2,000,000 of its source topic" in str(report.mismatched[0])
+    limits = kafka.record_limits(admin, list(report.created))
+    assert sorted(report.created) == sorted(set(plan.created_topics) - {old})
+    assert {name: (limit.bytes, limit.own) for name, limit in limits.items()} == \
+        {name: (2_000_000, True) for name in report.created}
+    # A connection whose producer takes such records is not reported.
+    roomy = topics.ensure_topics(kafka.admin_beside(bootstrap, {"message.max.bytes": 3_000_000}),
+                                 plan)
+    assert roomy.mismatched == (topics.SmallerLimit(old, default.bytes, 2_000_000),)
+    # A source set below the default does not lower the plan's new topics.
+    small = new_topic(config={"max.message.bytes": "500000"})
+    created = topics.ensure_topics(admin, topics.plan(SEED, small, unique_name("billing")))
+    assert created.mismatched == ()
+    assert not any(limit.own for limit in kafka.record_limits(admin, created.created).values())
+
+
 def test_topics_create_command(bootstrap: str, new_topic: Any, unique_name: Any) -> None:
     source = new_topic(partitions=2)
     group = unique_name("cli")

@@ -33,6 +33,7 @@ from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
+from redrive.oversize import slimmed
 from redrive.routing import DeadLetter, Retry
 
 log = logging.getLogger("redrive.consumer")
@@ -109,7 +110,7 @@ class Committer:
         producer = self._copies_producer()
         for record in out:
             try:
-                kafka.produce(producer, record, pending.on_delivery)
+                kafka.produce(producer, record, pending.on_delivery, shrink=slimmed)
             except KafkaException as exc:
                 if not producer_failed(exc):
                     raise
@@ -208,7 +209,7 @@ class Committer:
         assert self._transactions is not None
         try:
             self._transactions.commit(batch.out_records, _partitions(offsets),
-                                      self._consumer.consumer_group_metadata())
+                                      self._consumer.consumer_group_metadata(), shrink=slimmed)
             self._health.ok()
             return True
         except TransactionAborted as exc:

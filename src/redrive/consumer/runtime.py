@@ -201,7 +201,7 @@ class RetryingConsumer:
             # asks for its id once connected); made now, that overlaps the set-up and the join.
             producer = self._new_producer()
         try:
-            admin = kafka.admin(self._connection)
+            admin = kafka.admin_beside(self._connection, self._producer_config)
             if self._create_topics:
                 for warning in self._backend.prepare(admin, self.plans):
                     log.warning("%s", warning)

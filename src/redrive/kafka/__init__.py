@@ -17,6 +17,7 @@ from redrive.kafka.admin import (
     delete_topics,
     group_members,
     partition_count,
+    record_limits,
     topic_partitions,
     watermarks,
 )
@@ -27,6 +28,7 @@ from redrive.kafka.config import (
     ClientConfig,
     Connection,
     admin,
+    admin_beside,
     client_config,
     consumer,
     consumer_config,
@@ -38,8 +40,8 @@ from redrive.kafka.records import Delivered, OutRecord, PartitionKey, message_he
 
 __all__ = [
     "CONSUMER_DEFAULTS", "PRODUCER_DEFAULTS", "Admin", "ClientConfig", "Connection", "Delivered",
-    "OutRecord", "PartitionKey", "admin", "check_reachable", "client_config", "consumer",
-    "consumer_config", "create_topics", "delete_topics", "group_members", "message_headers",
-    "partition_count", "produce", "produce_acked", "produce_confirmed", "producer",
-    "producer_config", "topic_partitions", "watermarks",
+    "OutRecord", "PartitionKey", "admin", "admin_beside", "check_reachable", "client_config",
+    "consumer", "consumer_config", "create_topics", "delete_topics", "group_members",
+    "message_headers", "partition_count", "produce", "produce_acked", "produce_confirmed",
+    "producer", "producer_config", "record_limits", "topic_partitions", "watermarks",
 ]

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+
+# Where confluent-kafka defines them: its package re-exports them without saying so to mypy.
+from confluent_kafka.admin._config import ConfigResource, ConfigSource
+from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from redrive.errors import BrokerUnavailable, UnknownTopic
@@ -61,6 +65,47 @@ def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
 
 
 _UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+
+
+# A topic's limit on the size of a record batch, and so of one record, and Kafka's default.
+RECORD_LIMIT = "max.message.bytes"
+KAFKA_RECORD_LIMIT = 1_048_588
+
+
+@dataclass(frozen=True)
+class RecordLimit:
+    """A topic's `max.message.bytes`; `own`: set on the topic, not the cluster's default."""
+
+    bytes: int
+    own: bool
+
+
+def record_limits(admin_: AdminClient, topics: Sequence[str],
+                  timeout_s: float = 10.0) -> dict[str, RecordLimit]:
+    """Each topic's record size limit. A topic whose configs the cluster does not describe to
+    this client (unknown, or not authorised) is left out; raises BrokerUnavailable."""
+    if not topics:
+        return {}
+    futures = admin_.describe_configs([ConfigResource(ResourceType.TOPIC, name)
+                                       for name in dict.fromkeys(topics)],
+                                      request_timeout=timeout_s)
+    limits: dict[str, RecordLimit] = {}
+    for resource, future in futures.items():
+        try:
+            entries = future.result(timeout=timeout_s)
+        except TimeoutError as exc:
+            raise BrokerUnavailable(_bootstrap(admin_), f"describing topic {resource.name!r} "
+                                    f"got no answer in {timeout_s:g} s") from exc
+        except KafkaException as exc:
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.code() in _UNANSWERED:
+                raise BrokerUnavailable(_bootstrap(admin_), str(error)) from exc
+            continue
+        entry = entries.get(RECORD_LIMIT)
+        if entry is not None and entry.value is not None:
+            limits[resource.name] = RecordLimit(
+                int(entry.value), entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    return limits
 
 
 def group_members(admin_: AdminClient, group: str, timeout_s: float = 10.0) -> int | None:

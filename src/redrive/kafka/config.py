@@ -15,6 +15,8 @@ from confluent_kafka.admin import AdminClient
 from redrive.errors import BrokerUnavailable
 
 ClientConfig = dict[str, Any]
+
+MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 Connection = str | Mapping[str, Any]
 
 PRODUCER_DEFAULTS: Mapping[str, Any] = {
@@ -82,7 +84,15 @@ class Admin(AdminClient):
     def __init__(self, config: ClientConfig) -> None:
         super().__init__(config)
         self.bootstrap = str(config["bootstrap.servers"])
+        # The largest record redrive's clients of this connection will produce.
+        self.record_limit = int(config.get("message.max.bytes", MESSAGE_MAX_BYTES))
 
 
 def admin(connection: Connection, overrides: Mapping[str, Any] | None = None) -> Admin:
     return Admin(client_config(connection, overrides))
+
+
+def admin_beside(connection: Connection, producer_overrides: Mapping[str, Any]) -> Admin:
+    """An Admin whose `record_limit` is that of a producer made with these overrides."""
+    return admin(connection, {name: value for name, value in producer_overrides.items()
+                              if name == "message.max.bytes"})

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from redrive.errors import DeliveryFailed
+from redrive.errors import DeliveryFailed, RecordTooLarge
 from redrive.kafka.health import UNREACHED_CODES
-from redrive.kafka.records import Delivered, OutRecord
+from redrive.kafka.records import Delivered, OutRecord, record_size
+
+# Makes a record the producer refused as too large smaller, or raises RecordTooLarge.
+Shrink = Callable[[OutRecord], OutRecord]
 
 
 def produce(producer_: Producer, record: OutRecord,
-            on_delivery: Any = None) -> None:
-    """Queue one record, waiting for queue space instead of failing when the local queue is full."""
+            on_delivery: Any = None, *, shrink: Shrink | None = None) -> None:
+    """Queue one record, waiting for queue space instead of failing when the local queue is full.
+
+    A record the producer refuses as too large (over its `message.max.bytes`) raises
+    RecordTooLarge, or, with `shrink`, goes out as `shrink` makes it smaller (which raises
+    RecordTooLarge itself when it cannot)."""
     partition = record.partition if record.partition is not None and record.partition >= 0 \
         else -1  # librdkafka's "unassigned": the key decides
     headers = record.headers if type(record.headers) is list else list(record.headers)
@@ -27,10 +34,19 @@ def produce(producer_: Producer, record: OutRecord,
             return
         except BufferError:
             producer_.poll(0.05)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (isinstance(error, KafkaError)
+                    and error.code() == KafkaError.MSG_SIZE_TOO_LARGE):
+                raise
+            if shrink is None:
+                raise RecordTooLarge(record.topic, record_size(record)) from exc
+            record = shrink(record)
+            headers = list(record.headers)
 
 
 def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
-                      timeout_s: float = 30.0) -> list[Delivered]:
+                      timeout_s: float = 30.0, *, shrink: Shrink | None = None) -> list[Delivered]:
     """Produce records and return only once the broker acknowledged every one of them.
 
     Raises DeliveryFailed naming the first failed record's topic and partition if any delivery
@@ -52,7 +68,7 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
     for index, record in enumerate(records):
         results.append(None)
         topics.append(record.topic)
-        produce(producer_, record, callback_for(index, record.topic))
+        produce(producer_, record, callback_for(index, record.topic), shrink=shrink)
     remaining = _flush(producer_, timeout_s, topics[0] if topics else "<none>")
     if failures:
         raise failures[0]
@@ -64,7 +80,7 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
 
 
 def produce_acked(producer_: Producer, records: Iterable[OutRecord],
-                  timeout_s: float = 30.0) -> int:
+                  timeout_s: float = 30.0, *, shrink: Shrink | None = None) -> int:
     """`produce_confirmed` for a caller that needs to know only that every record landed, not
     where: one delivery callback serves them all. A callback and a Delivered made per record
     cost about as much as producing it (50,000 copies with 11 headers each: 4-7 us a record
@@ -84,7 +100,7 @@ def produce_acked(producer_: Producer, records: Iterable[OutRecord],
     for record in records:
         if not sent:
             first_topic = record.topic
-        produce(producer_, record, on_delivery)
+        produce(producer_, record, on_delivery, shrink=shrink)
         sent += 1
     remaining = _flush(producer_, timeout_s, first_topic)
     if failures:

@@ -26,6 +26,12 @@ class OutRecord:
     timestamp_ms: int | None = None
 
 
+def record_size(record: OutRecord) -> int:
+    """The bytes a record carries: key, value, header names and values."""
+    return (len(record.key or b"") + len(record.value or b"")
+            + sum(len(name) + len(value or b"") for name, value in record.headers))
+
+
 @dataclass(frozen=True)
 class Delivered:
     topic: str

@@ -28,7 +28,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from redrive.errors import DeliveryFailed, RedriveError
 from redrive.kafka.config import Connection, producer
-from redrive.kafka.produce import produce
+from redrive.kafka.produce import Shrink, produce
 from redrive.kafka.records import OutRecord
 
 log = logging.getLogger(__name__)
@@ -96,11 +96,12 @@ class TransactionalProducer:
         self._producer = candidate
 
     def commit(self, records: Iterable[OutRecord], offsets: Sequence[TopicPartition] = (),
-               group_metadata: Any = None) -> None:
-        """Produce `records` and commit `offsets` for the consumer group in one transaction."""
+               group_metadata: Any = None, *, shrink: Shrink | None = None) -> None:
+        """Produce `records` and commit `offsets` for the consumer group in one transaction
+        (`shrink`: as `produce` takes it)."""
         def body(producer_: Producer) -> None:
             for record in records:
-                produce(producer_, record)
+                produce(producer_, record, shrink=shrink)
 
         self.run(body, offsets, group_metadata)
 

@@ -26,6 +26,7 @@ from redrive.clock import now_ms
 from redrive.errors import MalformedHeader
 from redrive.kafka.produce import producer_failed
 from redrive.metrics import SKIPPED_OTHER_GROUP
+from redrive.oversize import slimmed
 from redrive.policy import RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Retry, Route
@@ -362,7 +363,7 @@ class BatchBody:
             counts[(row["kind"], row["reason"], row["attempt"], row["topic"],
                     row["source_topic"], row["source_attempt"])] += 1
         if copies:
-            kafka.produce_acked(self._producer(), copies)
+            kafka.produce_acked(self._producer(), copies, shrink=slimmed)
         return tuple(Routed(kind, reason, attempt, topic, n, source, source_attempt)
                      for (kind, reason, attempt, topic, source, source_attempt), n
                      in counts.items())

@@ -22,6 +22,7 @@ from redrive.clock import now_ms
 from redrive.errors import MalformedHeader, OutputMismatch
 from redrive.first_failures import FirstFailures
 from redrive.metrics import SKIPPED_OTHER_GROUP
+from redrive.oversize import slimmed
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Route, route
@@ -433,7 +434,7 @@ class RouteAndProduce:
                                               decision.headers, partition)
 
         with gc_paused():
-            produce_cached(self.connection, copies(), self.timeout_s)
+            produce_cached(self.connection, copies(), self.timeout_s, shrink=slimmed)
         yield pa.RecordBatch.from_pylist(
             [{"kind": kind, "reason": reason, "attempt": attempt, "topic": topic, "count": n,
               "source_topic": source, "source_attempt": source_attempt}

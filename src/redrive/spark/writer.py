@@ -33,7 +33,7 @@ from pyspark.sql.types import (
 
 from redrive import kafka
 from redrive.errors import RedriveError
-from redrive.kafka.produce import discard_producer, producer_failed
+from redrive.kafka.produce import Shrink, discard_producer, producer_failed
 
 # Producers cannot be pickled, and a cache in a function shipped from __main__ is rebuilt for
 # every batch. This module is imported once per Python worker, which Spark reuses across tasks
@@ -63,14 +63,15 @@ def cached_producer(connection: kafka.Connection,
 
 
 def produce_cached(connection: kafka.Connection, records: Iterable[kafka.OutRecord],
-                   timeout_s: float, overrides: Mapping[str, Any] | None = None) -> int:
+                   timeout_s: float, overrides: Mapping[str, Any] | None = None, *,
+                   shrink: Shrink | None = None) -> int:
     """`kafka.produce_acked` through this worker's cached producer: how many were acked. One
     that failed for good is forgotten before the error is raised, so that the task's next
     attempt (Spark retries a failed task) or the batch run again makes a new one: kept, it
     would fail them all."""
     producer = cached_producer(connection, overrides)
     try:
-        return kafka.produce_acked(producer, records, timeout_s)
+        return kafka.produce_acked(producer, records, timeout_s, shrink=shrink)
     except Exception as exc:
         if producer_failed(exc):
             for key in [k for k, cached in _PRODUCERS.items() if cached is producer]:

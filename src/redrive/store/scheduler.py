@@ -41,6 +41,7 @@ from redrive.kafka.health import BrokerHealth
 from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.ranges import PartitionRange, RangeReader, range_consumer
 from redrive.metrics import Metrics
+from redrive.oversize import slimmed
 from redrive.record import Origin
 from redrive.signals import stop_on_signals
 from redrive.store.claims import DueBatch
@@ -209,7 +210,7 @@ class Scheduler:
         if out:
             try:
                 kafka.produce_acked(self._require_producer(), [o for _, o in out],
-                                    self.timeout_s)
+                                    self.timeout_s, shrink=slimmed)
             except (KafkaException, RedriveError) as exc:
                 # What the producer still holds is this pass's rows, pending again when the
                 # pass fails: sent later, they would only be duplicates of the next pass's.

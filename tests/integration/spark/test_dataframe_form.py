@@ -22,6 +22,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 from redrive import headers as h
 from redrive import kafka
 from redrive.errors import InvalidArgument
+from redrive.oversize import MESSAGE_KEPT
 from redrive.policy import Backoff, DeadLetterLimit, InPlace, RetryPolicy, error_type
 from redrive.record import ErrorInfo
 from redrive.routing import route
@@ -394,6 +395,47 @@ def test_route_failures_in_a_users_own_foreach_batch(spark: Any, bootstrap: str,
     assert totals == {"retried": 3, "dead": 2, "seen": 11}
     assert len(read_all(bootstrap, f"{topic}.{group}.retry.1s")) == 3
     assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 2
+
+
+def test_route_failures_cuts_the_error_text_of_a_copy_over_the_producers_limit(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """A failed record that fits its producer only without its error text is copied with that
+    text cut, its value whole; the other failures keep theirs."""
+    topic = new_topic()
+    group = unique_name("large")
+    limit = 50_000  # redrive's producer's message.max.bytes in this test
+    big = b"bad:" + b"v" * (limit - 1000)
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, b"bad:small", b"k0"), kafka.OutRecord(topic, big, b"k1"),
+        kafka.OutRecord(topic, b"ok:2", b"k2")])
+    long_message = "cannot parse: " + "x" * 900
+    counted: Counter[str] = Counter()
+
+    def each_batch(batch: Any, batch_id: int) -> None:
+        F = functions(batch)
+        error = F.when(F.col("value").cast("string").startswith("bad"), F.struct(
+            F.lit("ParseError").alias("type"), F.lit(long_message).alias("message")))
+        counts = route_failures(batch.withColumn("error", error),
+                                {"bootstrap.servers": bootstrap, "message.max.bytes": limit},
+                                group, POLICY)
+        counted["dead"] += counts.dead_lettered
+        counted["retried"] += counts.retried
+
+    query = (retry_stream(spark, bootstrap, topic, group, POLICY).writeStream
+             .foreachBatch(each_batch).option("checkpointLocation", str(tmp_path / "cp"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert counted == {"dead": 2, "retried": 0}
+    dead = {message.key(): message for message in read_all(bootstrap, f"{topic}.{group}.dlt")}
+    assert set(dead) == {b"k0", b"k1"}
+    small, cut = (dict(dead[key].headers()) for key in (b"k0", b"k1"))
+    assert dead[b"k1"].value() == big
+    assert small[h.ERROR_MESSAGE].decode() == long_message
+    assert cut[h.ERROR_MESSAGE].decode().startswith("cannot parse: xxx")
+    assert len(cut[h.ERROR_MESSAGE]) <= MESSAGE_KEPT
+    assert (cut[h.ERROR_TYPE], cut[h.REASON], cut[h.ORIGINAL_OFFSET]) == \
+        (b"ParseError", b"not-retryable", b"1")
 
 
 def test_route_failures_with_the_batch_id_copies_nothing_twice_when_a_batch_runs_again(
