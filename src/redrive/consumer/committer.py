@@ -11,6 +11,11 @@ is committed once more, waiting. Transactional, the copies and offsets of a batc
 transaction (`redrive.kafka.transactions`); an aborted one rewinds the batch's partitions.
 Either way the retry backend's `flush` comes first, so a committed offset always has its outcome
 recorded.
+
+A copy the broker refused, rather than left unanswered (larger than its topic takes, a topic the
+group may not write), would be refused again as soon as its records are handled again, calling
+the handler as fast as the loop runs: the rewound partitions are held instead, 1 s and doubling
+to a minute while their copies are refused, until their offsets are committed.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from redrive import kafka
 from redrive.backends import BoundBackend
+from redrive.clock import now_ms
 from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.commits import CommitPipeline, Pending, topic_of
 from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed, RedriveError
 from redrive.kafka.health import BrokerHealth
+from redrive.kafka.holds import Hold, Holds, Why
 from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
@@ -40,6 +47,8 @@ log = logging.getLogger("redrive.consumer")
 
 # Batches whose copies may be unconfirmed at once before the runtime waits for the oldest.
 MAX_UNCONFIRMED_BATCHES = 8
+FIRST_REFUSED_PAUSE_S = 1.0
+LONGEST_REFUSED_PAUSE_S = 60.0
 
 
 class Committer:
@@ -50,7 +59,8 @@ class Committer:
                  assigned: set[PartitionKey], timeout_s: float, health: BrokerHealth, *,
                  producer: Producer | None = None,
                  make_producer: Callable[[], Producer] | None = None,
-                 transactions: TransactionalProducer | None = None) -> None:
+                 transactions: TransactionalProducer | None = None,
+                 holds: Holds | None = None) -> None:
         self.group = group
         self._consumer = consumer
         self._backend = backend
@@ -64,6 +74,8 @@ class Committer:
         self._pipeline = CommitPipeline()
         # Offsets committed asynchronously since the last synchronous commit.
         self._unsynced: dict[PartitionKey, int] = {}
+        self._holds = holds
+        self._refused: dict[PartitionKey, float] = {}  # the last pause after a refused copy
 
     @property
     def unconfirmed(self) -> bool:
@@ -94,10 +106,8 @@ class Committer:
             self._rewind(batch.first)
             return
         if self._transactions is not None:
-            if not self._commit_transaction(batch, offsets):
-                self._rewind(batch.first)
-                return
-            self._count_routed(batch.copies)
+            if self._commit_transaction(batch, offsets):
+                self._count_routed(batch.copies)
             return
         out = batch.out_records
         if not out and not self._pipeline:
@@ -141,8 +151,12 @@ class Committer:
             if settled.error.fatal:
                 self._renew_producer()
             excluded = set(exclude)
-            self._rewind({tp: offset for tp, offset in settled.rewind.items()
-                          if tp in self._assigned and tp not in excluded}, leaving=leaving)
+            rewind = {tp: offset for tp, offset in settled.rewind.items()
+                      if tp in self._assigned and tp not in excluded}
+            if settled.error.unanswered or settled.error.fatal or leaving:
+                self._rewind(rewind, leaving=leaving)
+            else:
+                self._hold_refused(rewind)
 
     def _wait_for_head(self) -> None:
         """Too many batches unconfirmed: wait for the oldest (the broker is slower than us)."""
@@ -174,6 +188,7 @@ class Committer:
         """Commit without waiting: a synchronous commit blocks the loop, and stop(), for as long
         as the group's coordinator cannot be reached. `committed` gets the outcome."""
         self._unsynced.update(offsets)
+        self._forget_refusals(offsets)
         try:
             self._consumer.commit(offsets=_partitions(offsets), asynchronous=True)
         except KafkaException as exc:
@@ -204,19 +219,47 @@ class Committer:
         self.committed(None, results)
 
     def _commit_transaction(self, batch: Batch, offsets: Mapping[PartitionKey, int]) -> bool:
-        """The batch's copies and offsets in one transaction; False if it was aborted (a
-        ProducerFenced, from a newer instance with this transactional id, ends run())."""
+        """The batch's copies and offsets in one transaction; False if it was aborted and its
+        partitions rewound (a ProducerFenced, from a newer instance with this transactional
+        id, ends run())."""
         assert self._transactions is not None
         try:
             self._transactions.commit(batch.out_records, _partitions(offsets),
                                       self._consumer.consumer_group_metadata(), shrink=slimmed)
             self._health.ok()
+            self._forget_refusals(offsets)
             return True
         except TransactionAborted as exc:
-            if exc.__cause__ is not None:
-                self._health.failed(exc.__cause__)
+            cause = exc.__cause__
+            unanswered = cause is not None and self._health.failed(cause)
             log.error("group %s: %s; the batch's partitions are rewound", self.group, exc)
+            if unanswered or cause is None or producer_failed(cause):
+                self._rewind(batch.first)
+            else:
+                self._hold_refused(batch.first)
             return False
+
+    def _hold_refused(self, first: Mapping[PartitionKey, int]) -> None:
+        """Rewind after a refused copy, each partition held for its next pause (see the
+        module)."""
+        if self._holds is None:
+            self._rewind(first)
+            return
+        at = now_ms()
+        for tp, offset in first.items():
+            pause = min(LONGEST_REFUSED_PAUSE_S,
+                        self._refused.get(tp, FIRST_REFUSED_PAUSE_S / 2) * 2)
+            self._refused[tp] = pause
+            self._holds.hold(self._consumer, tp, Hold(offset, at + int(pause * 1000),
+                                                      Why.REFUSED, at))
+            log.warning("group %s: %s[%d] is read again from offset %d in %g s", self.group,
+                        tp[0], tp[1], offset, pause)
+        self.metrics.paused_partitions(len(self._holds))
+
+    def _forget_refusals(self, offsets: Mapping[PartitionKey, int]) -> None:
+        if self._refused:
+            for tp in offsets:
+                self._refused.pop(tp, None)
 
     def _rewind(self, first: Mapping[PartitionKey, int], *, leaving: bool = False) -> None:
         """Seek back to the first records of failed batches. A partition being left (revoke,

@@ -226,7 +226,7 @@ class RetryingConsumer:
         self._committer = Committer(self.group, self._consumer, self._backend, self.metrics,
                                     self._assigned, self._timeout_s, self.health,
                                     producer=producer, make_producer=self._new_producer,
-                                    transactions=transactions)
+                                    transactions=transactions, holds=self._holds)
         self._consumer.member.subscribe(self.subscribed, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         # A series from the start, at 0: not only once a partition was first held.

@@ -39,6 +39,7 @@ class Why(enum.Enum):
     DUE = "due"  # the head is a record whose due time is still ahead
     IN_PLACE = "in-place"  # the head failed and waits for its next in-place attempt
     BRAKE = "brake"  # the head would pass a dead-letter limit: it waits for an operator
+    REFUSED = "refused"  # a copy of the head's batch was refused: it waits to be handled again
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,10 @@ _FAILED = frozenset({KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.UNKNOWN
 def delivery_failed(topic: str, partition: int | None, error: KafkaError) -> DeliveryFailed:
     """The DeliveryFailed for a delivery report's error: unanswered (an outage) or fatal (the
     producer must be replaced) as its code says."""
-    return DeliveryFailed(topic, partition, error.str(),
+    why = error.str()
+    if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        why += f" (the record is larger than {topic!r} takes: its max.message.bytes)"
+    return DeliveryFailed(topic, partition, why,
                           unanswered=error.code() in UNREACHED_CODES,
                           fatal=error.fatal() or error.code() in _FAILED)
 

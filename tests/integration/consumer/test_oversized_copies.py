@@ -5,9 +5,11 @@ committed."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import pytest
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from redrive import headers as h
 from redrive import kafka
@@ -112,3 +114,53 @@ def test_a_record_too_large_to_copy_stops_the_consumer_naming_it_and_nothing_pas
         [(b"k1", 1_200_000, "not-retryable")]
     assert "Traceback" in (dead[0].header(h.ERROR_TRACE) or "")
     wait_until(lambda: committed(bootstrap, group, topic) == {0: 3}, 20, "all three committed")
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["at-least-once", "transactional"])
+def test_a_copy_its_topic_refuses_holds_its_partition_with_growing_pauses_until_it_fits(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start,
+        transactional: bool) -> None:
+    """The dead-letter topic takes less than the source topic (it existed before): the broker
+    refuses the copy. The partition waits 1 s, then 2 s... before the record is handled again,
+    instead of calling the handler as fast as the loop runs; the other partition goes on; once
+    the topic takes the copy, the record goes through without a restart."""
+    topic = new_topic(partitions=2, config={"max.message.bytes": "2000000"})
+    group = unique_name("refused")
+    dlt = new_topic(name=f"{topic}.{group}.dlt")  # the cluster's default limit, about 1 MB
+    policy = RetryPolicy(not_retryable=ValueError)
+    big_producer = kafka.producer(bootstrap, overrides={"message.max.bytes": 3_000_000})
+    kafka.produce_confirmed(big_producer, [kafka.OutRecord(topic, b"v" * 1_200_000, b"big", [],
+                                                           0)])
+    calls: list[tuple[bytes | None, int]] = []
+
+    def handle(record: Record) -> None:
+        calls.append((record.key, record.partition))
+        if record.key == b"big":
+            raise ValueError("cannot be parsed")
+
+    running(RetryingConsumer(
+        bootstrap, topic, group, policy, handle, transactional=transactional,
+        transactional_id=unique_name("tx") if transactional else None, config=FAST_GROUP,
+        producer_config={"message.max.bytes": 3_000_000}))
+    wait_until(lambda: (b"big", 0) in calls, 20, "the big record handled once")
+    for i in range(5):
+        produce(bootstrap, topic, [b"small"], key=f"s{i}".encode(), partition=1)
+    wait_until(lambda: committed(bootstrap, group, topic).get(1) == 5, 20,
+               "the other partition handled and committed")
+    time.sleep(4)
+    # Handled at 0 s, about 1 s and about 3 s: not dozens of times a second.
+    assert 2 <= calls.count((b"big", 0)) <= 4
+    assert committed(bootstrap, group, topic)[0] < 1
+    assert read_all(bootstrap, dlt, timeout_s=2) == []
+
+    admin = kafka.admin(bootstrap)
+    altered = admin.incremental_alter_configs([ConfigResource(
+        ResourceType.TOPIC, dlt, incremental_configs=[ConfigEntry(
+            "max.message.bytes", "2000000",
+            incremental_operation=AlterConfigOpType.SET)])])
+    for future in altered.values():
+        future.result(10)
+    dead = read_all(bootstrap, dlt, expect=1, timeout_s=20)
+    assert [(read.key, len(read.value or b"")) for read in dead] == [(b"big", 1_200_000)]
+    wait_until(lambda: committed(bootstrap, group, topic) == {0: 1, 1: 5}, 20,
+               "the big record committed")
