@@ -31,6 +31,7 @@ class Batch:
     finished: dict[PartitionKey, int] = field(default_factory=dict)
     stopped: set[PartitionKey] = field(default_factory=set)
     copies: list[Copy] = field(default_factory=list)
+    copied: set[PartitionKey] = field(default_factory=set)  # partitions with records in copies
     processed: Counter[str] = field(default_factory=Counter)  # handled successfully, by main topic
     # Handler calls left until the next one timed for the handler-time histogram, counting it:
     # the first call of a batch is timed, then one in runtime.HANDLER_SAMPLE.
@@ -46,6 +47,7 @@ class Batch:
 
     def route(self, tp: PartitionKey, offset: int, copy: Copy) -> None:
         self.copies.append(copy)
+        self.copied.add(tp)
         self.finished[tp] = offset
 
     def commit_offsets(self) -> dict[PartitionKey, int]:

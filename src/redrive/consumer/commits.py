@@ -37,6 +37,7 @@ class Pending:
     since: float = 0.0  # when its copies were produced (monotonic seconds), for the timeout
     waiting: int = 0  # copies produced and not yet reported on
     error: DeliveryFailed | None = None
+    copied: set[PartitionKey] = field(default_factory=set)  # partitions the copies came from
 
     def sent(self) -> None:
         self.waiting += 1
@@ -65,6 +66,8 @@ class Settled:
     confirmed: list[Copy] = field(default_factory=list)  # copies acknowledged, to count
     rewind: dict[PartitionKey, int] = field(default_factory=dict)  # seek back after a failure
     error: DeliveryFailed | None = None
+    # The partitions whose copies the failed batch held: the batches behind it only follow it.
+    culprits: set[PartitionKey] = field(default_factory=set)
 
 
 class CommitPipeline:
@@ -104,6 +107,7 @@ class CommitPipeline:
             head = pending[0]
             if head.error is not None:
                 settled.error = head.error
+                settled.culprits = set(head.copied)
                 for dropped in pending:
                     for tp, offset in dropped.first.items():
                         settled.rewind.setdefault(tp, offset)

@@ -14,8 +14,9 @@ recorded.
 
 A copy the broker refused, rather than left unanswered (larger than its topic takes, a topic the
 group may not write), would be refused again as soon as its records are handled again, calling
-the handler as fast as the loop runs: the rewound partitions are held instead, 1 s and doubling
-to a minute while their copies are refused, until their offsets are committed.
+the handler as fast as the loop runs: the partitions whose records the refused batch copied are
+held instead, 1 s and doubling to a minute while their copies are refused, until their offsets
+are committed; the other rewound partitions are read again at once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -116,7 +117,8 @@ class Committer:
             return
         # The copies go out now and are confirmed while the next batches are handled; the
         # offsets are committed, in batch order, once every copy up to this batch is acknowledged.
-        pending = Pending(offsets, batch.first, batch.copies, time.monotonic())
+        pending = Pending(offsets, batch.first, batch.copies, time.monotonic(),
+                          copied=batch.copied)
         producer = self._copies_producer()
         for record in out:
             try:
@@ -156,7 +158,7 @@ class Committer:
             if settled.error.unanswered or settled.error.fatal or leaving:
                 self._rewind(rewind, leaving=leaving)
             else:
-                self._hold_refused(rewind)
+                self._hold_refused(rewind, settled.culprits)
 
     def _wait_for_head(self) -> None:
         """Too many batches unconfirmed: wait for the oldest (the broker is slower than us)."""
@@ -236,17 +238,22 @@ class Committer:
             if unanswered or cause is None or producer_failed(cause):
                 self._rewind(batch.first)
             else:
-                self._hold_refused(batch.first)
+                self._hold_refused(batch.first, batch.copied)
             return False
 
-    def _hold_refused(self, first: Mapping[PartitionKey, int]) -> None:
-        """Rewind after a refused copy, each partition held for its next pause (see the
-        module)."""
+    def _hold_refused(self, first: Mapping[PartitionKey, int],
+                      culprits: Collection[PartitionKey]) -> None:
+        """Rewind after a refused copy, each partition whose records were copied held for its
+        next pause (see the module), the others read again at once: held alike, partitions
+        would come back together, and be refused together, for ever."""
         if self._holds is None:
             self._rewind(first)
             return
+        self._rewind({tp: offset for tp, offset in first.items() if tp not in culprits})
         at = now_ms()
         for tp, offset in first.items():
+            if tp not in culprits:
+                continue
             pause = min(LONGEST_REFUSED_PAUSE_S,
                         self._refused.get(tp, FIRST_REFUSED_PAUSE_S / 2) * 2)
             self._refused[tp] = pause

@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from redrive import headers as h
+from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
 from redrive.consumer.batch import Copy
 from redrive.consumer.commits import CommitPipeline, Pending
@@ -57,6 +58,19 @@ def test_a_failed_delivery_drops_its_batch_and_all_later_ones_and_says_where_to_
     assert settled.rewind == {A: 10, B: 3}  # the earliest dropped record per partition
     assert isinstance(settled.error, DeliveryFailed) and "broker said no" in str(settled.error)
     assert not pipeline
+
+
+def test_the_culprits_of_a_failure_are_the_partitions_the_failed_batch_copied() -> None:
+    pipeline = CommitPipeline()
+    failed = Pending({A: 20, B: 4}, {A: 10, B: 0}, copied={A})
+    later = Pending({A: 30, B: 7}, {A: 20, B: 4}, copied={B})
+    for pending in (failed, later):
+        pending.sent()
+        pipeline.add(pending)
+    failed.on_delivery(refused("too large"), FakeMessage("orders.g.dlt", 0))
+    settled = pipeline.settle()
+    assert settled.rewind == {A: 10, B: 0}
+    assert settled.culprits == {A}  # the later batch's copies were not refused
 
 
 def test_unconfirmed_past_the_timeout_counts_as_failed() -> None:
@@ -138,11 +152,15 @@ class FakeConsumer:
     def resume(self, partitions: list[Any]) -> None:
         pass
 
+    def pause(self, partitions: list[Any]) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
-def _fake_runtime(fails: set[bytes]) -> tuple[RetryingConsumer, FakeConsumer, FakeProducer]:
+def _fake_runtime(fails: set[bytes], *, holds: bool = False
+                  ) -> tuple[RetryingConsumer, FakeConsumer, FakeProducer]:
     def handler(record: Record) -> None:
         if record.value in fails and record.delivery.attempt == 0:
             raise RuntimeError("transient")
@@ -154,7 +172,8 @@ def _fake_runtime(fails: set[bytes]) -> tuple[RetryingConsumer, FakeConsumer, Fa
     runtime._consumer = readers
     runtime._committer = Committer("g", readers, runtime._backend,
                                    runtime.metrics, runtime._assigned, 30.0, runtime.health,
-                                   producer=producer)  # type: ignore[arg-type]
+                                   producer=producer,  # type: ignore[arg-type]
+                                   holds=runtime._holds if holds else None)
     runtime._partitions = {"orders.g.retry.1s": 2, "orders.g.dlt": 2}
     runtime._assigned.update([A, B])
     return runtime, consumer, producer
@@ -197,6 +216,34 @@ def test_a_delivery_failure_mid_pipeline_rewinds_and_loses_nothing() -> None:
     producer.deliver()
     runtime._require_committer().settle()
     assert consumer.commits[-1] == {A: 15, B: 8}
+
+
+def test_a_refused_copy_holds_its_partition_with_growing_pauses_the_others_go_on() -> None:
+    runtime, consumer, producer = _fake_runtime({b"0-1"}, holds=True)
+    committer, holds = runtime._require_committer(), runtime._holds
+    producer.fail_values = {b"0-1"}
+    for pause_s in (1.0, 2.0, 4.0):
+        consumer.seeks.clear()
+        runtime._handle_batch(_batch(0, range(0, 3)) + _batch(1, range(0, 3)))
+        producer.deliver()
+        committer.settle()
+        assert consumer.commits == []
+        # B, whose records were not copied, is read again at once; A waits, longer each time.
+        assert sorted(consumer.seeks) == [("orders", 0, 0), ("orders", 1, 0)]
+        assert A in holds and B not in holds
+        assert pause_s - 0.1 <= holds.wait_s(now_ms(), 100.0) <= pause_s
+        holds.release(runtime._require_consumer(), [A])
+    producer.fail_values = set()
+    runtime._handle_batch(_batch(0, range(0, 3)) + _batch(1, range(0, 3)))
+    producer.deliver()
+    committer.settle()
+    assert consumer.commits == [{A: 3, B: 3}]
+    # Committed, A starts afresh: a new refusal waits 1 s again.
+    runtime._handle_batch([FakeMessage("orders", 0, 5, b"0-1")])
+    producer.fail_values = {b"0-1"}
+    producer.deliver()
+    committer.settle()
+    assert 0.9 <= holds.wait_s(now_ms(), 100.0) <= 1.0
 
 
 def test_revoke_commits_what_is_acknowledged_and_nothing_else() -> None:
