@@ -15,8 +15,7 @@ recorded.
 A copy the broker refused, rather than left unanswered (larger than its topic takes, a topic the
 group may not write), would be refused again as soon as its records are handled again, calling
 the handler as fast as the loop runs: the partitions whose records the refused batch copied are
-held instead, 1 s and doubling to a minute while their copies are refused, until their offsets
-are committed; the other rewound partitions are read again at once.
+held instead (`redrive.kafka.holds.Refusals`), the other rewound partitions read again at once.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from redrive.consumer.commits import CommitPipeline, Pending, topic_of
 from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed, RedriveError
 from redrive.kafka.health import BrokerHealth
-from redrive.kafka.holds import Hold, Holds, Why
+from redrive.kafka.holds import Holds, Refusals
 from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
@@ -48,8 +47,6 @@ log = logging.getLogger("redrive.consumer")
 
 # Batches whose copies may be unconfirmed at once before the runtime waits for the oldest.
 MAX_UNCONFIRMED_BATCHES = 8
-FIRST_REFUSED_PAUSE_S = 1.0
-LONGEST_REFUSED_PAUSE_S = 60.0
 
 
 class Committer:
@@ -76,7 +73,7 @@ class Committer:
         # Offsets committed asynchronously since the last synchronous commit.
         self._unsynced: dict[PartitionKey, int] = {}
         self._holds = holds
-        self._refused: dict[PartitionKey, float] = {}  # the last pause after a refused copy
+        self._refusals = Refusals()
 
     @property
     def unconfirmed(self) -> bool:
@@ -190,7 +187,7 @@ class Committer:
         """Commit without waiting: a synchronous commit blocks the loop, and stop(), for as long
         as the group's coordinator cannot be reached. `committed` gets the outcome."""
         self._unsynced.update(offsets)
-        self._forget_refusals(offsets)
+        self._refusals.forget(offsets)
         try:
             self._consumer.commit(offsets=_partitions(offsets), asynchronous=True)
         except KafkaException as exc:
@@ -229,7 +226,7 @@ class Committer:
             self._transactions.commit(batch.out_records, _partitions(offsets),
                                       self._consumer.consumer_group_metadata(), shrink=slimmed)
             self._health.ok()
-            self._forget_refusals(offsets)
+            self._refusals.forget(offsets)
             return True
         except TransactionAborted as exc:
             cause = exc.__cause__
@@ -252,21 +249,11 @@ class Committer:
         self._rewind({tp: offset for tp, offset in first.items() if tp not in culprits})
         at = now_ms()
         for tp, offset in first.items():
-            if tp not in culprits:
-                continue
-            pause = min(LONGEST_REFUSED_PAUSE_S,
-                        self._refused.get(tp, FIRST_REFUSED_PAUSE_S / 2) * 2)
-            self._refused[tp] = pause
-            self._holds.hold(self._consumer, tp, Hold(offset, at + int(pause * 1000),
-                                                      Why.REFUSED, at))
-            log.warning("group %s: %s[%d] is read again from offset %d in %g s", self.group,
-                        tp[0], tp[1], offset, pause)
+            if tp in culprits:
+                pause_s = self._refusals.hold(self._holds, self._consumer, tp, offset, at)
+                log.warning("group %s: %s[%d] is read again from offset %d in %g s",
+                            self.group, tp[0], tp[1], offset, pause_s)
         self.metrics.paused_partitions(len(self._holds))
-
-    def _forget_refusals(self, offsets: Mapping[PartitionKey, int]) -> None:
-        if self._refused:
-            for tp in offsets:
-                self._refused.pop(tp, None)
 
     def _rewind(self, first: Mapping[PartitionKey, int], *, leaving: bool = False) -> None:
         """Seek back to the first records of failed batches. A partition being left (revoke,

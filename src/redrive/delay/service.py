@@ -42,7 +42,7 @@ from redrive.delay.schedule import check_target
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
 from redrive.errors import DeliveryFailed, InvalidArgument, MalformedHeader, RedriveError
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
-from redrive.kafka.holds import Hold, Holds, Why
+from redrive.kafka.holds import Hold, Holds, Refusals, Why
 from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.transactions import ProducerFenced, TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
@@ -96,6 +96,11 @@ class _Batch:
     delivered: dict[str, int] = field(default_factory=dict)
     lateness_ms: list[int] = field(default_factory=list)
     malformed: int = 0
+    sources: dict[str, set[Key]] = field(default_factory=dict)  # by topic written: read from
+
+    def add(self, source: Key, record: kafka.OutRecord) -> None:
+        self.out.append(record)
+        self.sources.setdefault(record.topic, set()).add(source)
 
 
 class _Malformed(Exception):
@@ -144,6 +149,7 @@ class DelayService:
         self._stopping = threading.Event()
         self._tiers: dict[Key, Tier] = {}  # the assigned partitions and their tiers
         self._holds = Holds()
+        self._refusals = Refusals()
         self._known_topics: set[str] = set()
         self._targets: dict[bytes, str] = {}
         self._refreshed = False
@@ -294,12 +300,13 @@ class DelayService:
     def _plan_run(self, run: Sequence[Message], tier: Tier, now: int,
                   batch: _Batch) -> Iterator[int | None]:
         """Yield each record's gate due time, adding its copy to the batch if it is due."""
+        source = (str(run[0].topic()), int(run[0].partition() or 0))
         for message in run:
             record_headers = kafka.message_headers(message)
             try:
                 target, final_due = self._read(record_headers)
             except _Malformed as bad:
-                batch.out.append(self._dead_letter(message, record_headers, bad.error, now))
+                batch.add(source, self._dead_letter(message, record_headers, bad.error, now))
                 batch.malformed += 1
                 yield None
                 continue
@@ -312,8 +319,8 @@ class DelayService:
             if due <= now:
                 next_tier = self.tiers.next_hop(final_due - now)
                 topic = target if next_tier is None else next_tier.topic
-                batch.out.append(kafka.OutRecord(topic, message.value(), message.key(),
-                                               record_headers, timestamp_ms=now))
+                batch.add(source, kafka.OutRecord(topic, message.value(), message.key(),
+                                                  record_headers, timestamp_ms=now))
                 if next_tier is None:
                     batch.delivered[target] = batch.delivered.get(target, 0) + 1
                     batch.lateness_ms.append(now - final_due)
@@ -391,24 +398,39 @@ class DelayService:
         except ProducerFenced as exc:
             raise DelayServiceError(str(exc)) from exc
         except (KafkaException, DeliveryFailed, TransactionAborted) as exc:
-            # An outage is logged once, by the health; other failures each time.
-            if not self.health.failed(exc):
-                log.warning("forwarding %d record(s) failed, will retry them: %s",
-                            len(batch.out), exc)
-            if self._producer is not None and producer_failed(exc):
+            # An outage is logged once, by the health; other failures each time, at the pace
+            # of the refusals' pauses.
+            outage = self.health.failed(exc)
+            failed_for_good = producer_failed(exc)
+            if self._producer is not None and failed_for_good:
                 log.warning("the producer failed for good; a new one replaces it")
                 discard_producer(self._producer)
                 self._producer = self._new_producer()
-            self._rewind(batch)
+            self._rewind(batch, refused=not (outage or failed_for_good), why=exc)
             return
         self.health.ok()
+        self._refusals.forget(batch.starts)
         self._count(batch)
 
-    def _rewind(self, batch: _Batch) -> None:
+    def _rewind(self, batch: _Batch, *, refused: bool, why: BaseException) -> None:
+        """Read the batch's tier partitions again from its first records: at once after an
+        outage or a failed producer, after a growing pause when the broker refused a copy,
+        for the partitions whose records went to the topic that refused it (all of the batch's
+        where that is not said, as in an aborted transaction)."""
         consumer = self._require_consumer()
-        self._holds.release(consumer, [key for key in batch.starts if key in self._tiers])
-        for key, offset in batch.starts.items():
-            if key in self._tiers:
+        keys = [key for key in batch.starts if key in self._tiers]
+        self._holds.release(consumer, keys)
+        culprits = (batch.sources.get(why.topic) if isinstance(why, DeliveryFailed) else None) \
+            or set(keys)
+        at = now_ms()
+        for key in keys:
+            offset = batch.starts[key]
+            if refused and key in culprits:
+                pause_s = self._refusals.hold(self._holds, consumer, key, offset, at)
+                log.warning("forwarding %d record(s) failed: %s; %s[%d] is read again from "
+                            "offset %d in %g s", len(batch.out), why, key[0], key[1], offset,
+                            pause_s)
+            else:
                 consumer.seek(TopicPartition(key[0], key[1], offset))
         self._report_paused()
 

@@ -1,11 +1,12 @@
 """Holding a partition at a record until a time: pause, seek back, resume when due.
 
 A partition is held when the record at its head must wait: a retry copy or a delayed record that
-is not due yet, a record waiting for its next in-place attempt, or one that would pass a
-dead-letter limit. The partition is paused and sought back to that record, so the records fetched
-behind it are dropped and fetched again after the resume (the consumer runtime's retry reader
-keeps them instead: `redrive.consumer.readers`); `poll()` keeps running meanwhile, so
-the member stays in its group and the other partitions go on. The consumer runtime and the delay
+is not due yet, a record waiting for its next in-place attempt, one that would pass a
+dead-letter limit, or one whose copy the broker refused (`Refusals`). The partition is paused
+and sought back to that record, so the records fetched behind it are dropped and fetched again
+after the resume (the consumer runtime's retry reader keeps them instead:
+`redrive.consumer.readers`); `poll()` keeps running meanwhile, so the member stays in its group
+and the other partitions go on. The consumer runtime and the delay
 service both hold partitions here.
 
 A hold lives in this process only: when a partition is revoked or lost its hold is released (and
@@ -96,3 +97,30 @@ class Holds:
         in-place retry are not pending retries."""
         ages = [now_ms - hold.since_ms for hold in self._holds.values() if hold.why is Why.DUE]
         return max(0.0, max(ages) / 1000.0) if ages else 0.0
+
+
+class Refusals:
+    """Pauses after the broker refused what a partition's records made (a copy larger than its
+    topic takes, a topic the client may not write): refused again as soon as they are read
+    again, they would be retried as fast as the loop runs. A partition waits 1 s after its
+    first refusal, doubling to a minute while they go on, until `forget` (its offsets
+    committed)."""
+
+    FIRST_S = 1.0
+    LONGEST_S = 60.0
+
+    def __init__(self) -> None:
+        self._last_s: dict[PartitionKey, float] = {}
+
+    def hold(self, holds: Holds, consumer: Pausable, tp: PartitionKey, offset: int,
+             now_ms: int) -> float:
+        """Hold `tp` at `offset` for its next pause; return the pause in seconds."""
+        pause_s = min(self.LONGEST_S, self._last_s.get(tp, self.FIRST_S / 2) * 2)
+        self._last_s[tp] = pause_s
+        holds.hold(consumer, tp, Hold(offset, now_ms + int(pause_s * 1000), Why.REFUSED, now_ms))
+        return pause_s
+
+    def forget(self, tps: Iterable[PartitionKey]) -> None:
+        if self._last_s:
+            for tp in tps:
+                self._last_s.pop(tp, None)

@@ -4,6 +4,7 @@ exactly-once forwarding across a crash and across two instances."""
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import random
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from redrive import headers as h
 from redrive import kafka
@@ -326,3 +328,39 @@ def test_a_tier_a_producer_created_first_is_kept_and_named_in_a_warning(
     assert warned == [f"delay tier {first} has 1 partition(s), fewer than the 2 this service "
                       "creates: a broker made it when it was first written to; add partitions "
                       "with your Kafka tools if it needs them"]
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["at-least-once", "transactional"])
+def test_a_record_its_target_refuses_is_tried_at_growing_intervals_and_goes_once_it_fits(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName,
+        caplog: pytest.LogCaptureFixture, transactional: bool) -> None:
+    """The target takes records of up to 10 kB, the tiers 1 MB: the broker refuses the final
+    forward. The service tries it again after 1 s, then 2 s..., not as fast as it polls, and
+    delivers it once the target takes it, without a restart."""
+    target = new_topic(config={"max.message.bytes": "10000"})
+    service = DelayService(bootstrap, tiers, transactional=transactional, partitions=1,
+                           group_id=unique_name("g"), instance_id=unique_name("i"))
+    reader = Reader(bootstrap, target)
+    caplog.set_level(logging.WARNING, logger="redrive.delay.service")
+    with running(service):
+        producer = warm_producer(bootstrap, new_topic())
+        schedule(producer, target, b"v" * 20_000, delay=0.1, tiers=tiers)
+        producer.flush(10)
+        time.sleep(5)
+        tries = [r.getMessage() for r in caplog.records if "is read again" in r.getMessage()]
+        # Refused at about 0 s, 1 s and 3 s: not at every poll.
+        assert 2 <= len(tries) <= 4, tries
+        assert all("Message size too large" in message for message in tries)
+        pauses = [message.rsplit(" in ", 1)[1] for message in tries]
+        assert pauses == ["1 s", "2 s", "4 s"][:len(tries)]
+        assert reader.read(0, timeout_s=2) == []
+        admin = kafka.admin(bootstrap)  # kept: a dropped client fails its futures
+        altered = admin.incremental_alter_configs([ConfigResource(
+            ResourceType.TOPIC, target, incremental_configs=[ConfigEntry(
+                "max.message.bytes", "100000",
+                incremental_operation=AlterConfigOpType.SET)])])
+        for future in altered.values():
+            future.result(10)
+        arrivals = reader.read(1, timeout_s=15)
+    reader.close()
+    assert [arrival.value for arrival in arrivals] == [b"v" * 20_000]
