@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from pyspark import cloudpickle
 from pyspark.sql.pandas.types import to_arrow_type
 
@@ -436,6 +437,46 @@ def test_route_failures_cuts_the_error_text_of_a_copy_over_the_producers_limit(
     assert len(cut[h.ERROR_MESSAGE]) <= MESSAGE_KEPT
     assert (cut[h.ERROR_TYPE], cut[h.REASON], cut[h.ORIGINAL_OFFSET]) == \
         (b"ParseError", b"not-retryable", b"1")
+
+
+def test_a_copy_the_dead_letter_topic_refuses_fails_the_batch_naming_it_and_loses_nothing(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """The source topic takes 2 MB records, its dead-letter topic (made before) 1 MB: the batch
+    fails naming the topic and the setting; raised, the query goes on from its checkpoint."""
+    topic = new_topic(config={"max.message.bytes": "2000000"})
+    group = unique_name("large")
+    dlt = new_topic(name=f"{topic}.{group}.dlt")
+    connection = {"bootstrap.servers": bootstrap, "message.max.bytes": 3_000_000}
+    kafka.produce_confirmed(kafka.producer(connection), [
+        kafka.OutRecord(topic, b"bad:" + b"v" * 1_200_000, b"k0"),
+        kafka.OutRecord(topic, b"ok:1", b"k1")])
+
+    def each_batch(batch: Any, batch_id: int) -> None:
+        route_failures(batch.withColumn("error", failure(batch)), connection, group, POLICY)
+
+    def run() -> Any:
+        query = (retry_stream(spark, bootstrap, topic, group, POLICY).writeStream
+                 .foreachBatch(each_batch).option("checkpointLocation", str(tmp_path / "cp"))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(120)
+        except Exception as exc:  # the batch's error, as Spark raises it
+            return exc
+        return None
+
+    error = run()
+    assert error is not None
+    assert f"delivery to {dlt}" in str(error) and "max.message.bytes" in str(error)
+    assert read_all(bootstrap, dlt) == []
+    admin = kafka.admin(bootstrap)
+    for future in admin.incremental_alter_configs([ConfigResource(
+            ResourceType.TOPIC, dlt, incremental_configs=[ConfigEntry(
+                "max.message.bytes", "2000000",
+                incremental_operation=AlterConfigOpType.SET)])]).values():
+        future.result(10)
+    assert run() is None
+    dead = read_all(bootstrap, dlt)
+    assert [(m.key(), len(m.value())) for m in dead] == [(b"k0", 1_200_004)]
 
 
 def test_route_failures_with_the_batch_id_copies_nothing_twice_when_a_batch_runs_again(
