@@ -144,7 +144,8 @@ class ErrorInfo:
 
     `chain` holds, for the error and then each of its causes, the qualified names of its class
     and base classes, so that classifiers match subclasses and causes on data as on exceptions.
-    `exception` is the live exception where one exists (not pickled, not compared).
+    `exception` is the live exception where one exists (not pickled, not compared). The texts
+    are always UTF-8-encodable (see `encodable`): they become headers and Arrow strings.
     """
 
     type_name: str
@@ -153,11 +154,18 @@ class ErrorInfo:
     chain: tuple[tuple[str, ...], ...] = ()
     exception: BaseException | None = field(default=None, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        for name in ("type_name", "message", "trace"):
+            text = getattr(self, name)
+            if not text.isascii():
+                object.__setattr__(self, name, encodable(text))
+
     @classmethod
     def from_exception(cls, error: BaseException) -> ErrorInfo:
         errors = _cause_chain(error)
         chain = tuple(_kind_names(type(current)) for current in errors)
-        return cls(qualified_name(type(error)), str(error), format_trace(errors), chain, error)
+        return cls(qualified_name(type(error)), error_text(error), format_trace(errors), chain,
+                   error)
 
     def detached(self) -> ErrorInfo:
         """The same data without the live exception.
@@ -219,10 +227,29 @@ def format_trace(chain: list[BaseException]) -> str:
             while entry is not None:  # traceback.walk_tb's walk, without its generator
                 parts.append(_frame_text(entry.tb_frame.f_code, entry.tb_lineno))
                 entry = entry.tb_next
-        message = str(error)
+        message = error_text(error)
         name = qualified_name(type(error))
         parts.append(f"{name}: {message}\n" if message else f"{name}\n")
     return "".join(parts)
+
+
+def error_text(error: BaseException) -> str:
+    """str(error), or, when its __str__ itself raises, a text saying so: the failed record must
+    still be routed, not end the runtime with the error of its error."""
+    try:
+        return str(error)
+    except Exception as failed:
+        return f"<str() of the error failed: {qualified_name(type(failed))}>"
+
+
+def encodable(text: str) -> str:
+    """`text` with what UTF-8 cannot hold written as escapes: lone surrogates, which a message
+    or a file name decoded from bytes with surrogateescape carries (`\\udcff`)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 # A failing handler fails at the same few places again and again: the text of a frame and the

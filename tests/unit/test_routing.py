@@ -221,3 +221,51 @@ def test_unknown_header_format_is_refused_naming_it(value: object) -> None:
                                             r"'spring'\]") as caught:
         RetryPolicy(header_format=value)  # type: ignore[arg-type]
     assert repr(value) in str(caught.value)
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise AttributeError("the message needs an attribute the error lacks")
+
+
+def _raised(error: Exception) -> Exception:
+    try:
+        raise error
+    except Exception as caught:
+        return caught
+
+
+@pytest.mark.parametrize(("error", "message"), [
+    (UnprintableError("x"), "<str() of the error failed: AttributeError>"),
+    (RuntimeError("bad \udcff byte"), "bad \\udcff byte"),  # from surrogateescape-decoded bytes
+    (ValueError(b"\xff\xfe".decode("utf-8", "surrogateescape")), "\\udcff\\udcfe"),
+])
+@pytest.mark.parametrize("header_format", ["redrive", "spring"])
+def test_an_error_whose_text_cannot_be_had_or_encoded_is_still_routed(
+        error: Exception, message: str, header_format: str) -> None:
+    policy = RetryPolicy(backoff=Backoff.fixed("1s"), attempts=2, header_format=header_format)
+    retry = route(fresh(), _raised(error), policy, NOW, group="billing")
+    assert isinstance(retry, Retry)
+    dead = route(follow(fresh(), retry, retry.topic, 0), _raised(error), policy, NOW,
+                 group="billing")
+    assert isinstance(dead, DeadLetter) and dead.reason == "exhausted"
+    for decision in (retry, dead):
+        texts = {name: value.decode("utf-8") for name, value in decision.headers
+                 if name.startswith(h.PREFIX)}  # each one UTF-8 text, as the contract says
+        assert texts[h.ERROR_MESSAGE] == message
+        assert texts[h.ERROR_TRACE].endswith(f"{type(error).__name__}: {message}\n")
+    assert read_dead_letter(dead.headers).error_message == message
+
+
+# Any text, lone surrogates (which hypothesis's characters() seldom draws) among it.
+ANY_TEXT = st.lists(st.one_of(st.characters(), st.integers(0xD800, 0xDFFF).map(chr)),
+                    max_size=50).map("".join)
+
+
+@given(ANY_TEXT)
+def test_every_error_text_becomes_utf8_headers(text: str) -> None:
+    info = ErrorInfo("Error", text, text)  # as a Spark batch function's error column gives it
+    decision = route(fresh(), info, POLICY, NOW, group="billing")
+    values = dict(decision.headers)
+    assert values[h.ERROR_MESSAGE].decode("utf-8") == \
+        text.encode("utf-8", "backslashreplace").decode("utf-8")

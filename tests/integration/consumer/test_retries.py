@@ -179,3 +179,37 @@ def test_a_held_retry_partition_does_not_block_the_main_topic(
     assert values[-1] == b"slow"
     retried, at_ms = seen.calls[-1]
     assert retried.delivery.due_ms is not None and at_ms >= retried.delivery.due_ms
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise AttributeError("the message needs an attribute the error lacks")
+
+
+def test_errors_whose_text_fails_or_is_not_utf8_are_routed_and_the_consumer_goes_on(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
+    """Before, such an error ended run() (UnicodeEncodeError, or its own __str__'s error), and
+    its record did so again at every restart."""
+    topic, group = new_topic(), unique_name("texts")
+    policy = RetryPolicy(backoff=Backoff.fixed("200ms"), attempts=2)
+
+    path = b"/data/caf\xe9".decode("utf-8", "surrogateescape")  # a file name, not UTF-8
+
+    def handler(record: Record) -> None:
+        if record.value == b"unprintable":
+            raise UnprintableError()
+        if record.value == b"undecodable":
+            raise RuntimeError(f"cannot read {path}")
+
+    produce(bootstrap, topic, [b"unprintable", b"undecodable", b"fine"])
+    run = running(RetryingConsumer(bootstrap, topic, group, policy, handler, config=FAST_GROUP))
+    dead = {d.value: d for d in read_all(bootstrap, f"{topic}.{group}.dlt", expect=2,
+                                         timeout_s=20)}
+    wait_until(lambda: committed(bootstrap, group, topic) == {0: 3}, 10, "all committed")
+    run.stop()
+    assert {value: d.header(h.REASON) for value, d in dead.items()} == \
+        {b"unprintable": "exhausted", b"undecodable": "exhausted"}
+    assert dead[b"unprintable"].header(h.ERROR_MESSAGE) == \
+        "<str() of the error failed: AttributeError>"
+    assert dead[b"undecodable"].header(h.ERROR_MESSAGE) == "cannot read /data/caf\\udce9"
+    assert run.total("redrive_processed_total") == 1

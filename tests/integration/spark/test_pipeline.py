@@ -229,6 +229,43 @@ def test_vectorized_form(spark: Any, bootstrap: str, new_topic: Any, unique_name
     assert stats.dead_lettered_by_reason == {"not-retryable": 2}
 
 
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise AttributeError("the message needs an attribute the error lacks")
+
+
+def handle_odd_errors(record: dict[str, Any]) -> dict[str, Any]:
+    kind = record["value"].decode().split(":")[0]
+    if kind == "unprintable":
+        raise UnprintableError()
+    if kind == "undecodable":
+        raise ValueError("cannot read " + b"caf\xe9".decode("utf-8", "surrogateescape"))
+    return {"key": record["key"].decode(), "attempt": record["attempt"], "late_ms": 0}
+
+
+def test_errors_whose_text_fails_or_is_not_utf8_are_routed_in_a_spark_task(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """Before, the task failed building the error's Arrow column (or in the error's __str__),
+    and so did the batch at every run of it."""
+    topic = new_topic()
+    group = unique_name("texts")
+    produce(bootstrap, topic, ["unprintable", "undecodable", "ok"])
+    rows: list[Any] = []
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, function=handle_odd_errors,
+                             output_schema=OUTPUT, sink=collecting_sink(rows),
+                             checkpoint=str(tmp_path / "cp"))
+    stats = pipeline.run(until=lambda s: sum(s.dead_lettered_by_reason.values()) >= 2,
+                         timeout_s=120)
+    assert [row["key"] for row in rows] == ["k2"]
+    # k0 is retryable: retried twice (1 s, 2 s), then exhausted; k1 is a ValueError.
+    assert stats.dead_lettered_by_reason == {"not-retryable": 1, "exhausted": 1}
+    assert stats.retried_by_attempt == {1: 1, 2: 1}
+    messages = {m.key(): h.last(kafka.message_headers(m), h.ERROR_MESSAGE)
+                for m in read_all(bootstrap, f"{topic}.{group}.dlt")}
+    assert messages == {b"k0": b"<str() of the error failed: AttributeError>",
+                        b"k1": b"cannot read caf\\udce9"}
+
+
 def test_bad_arguments_fail_before_starting(spark: Any, bootstrap: str) -> None:
     from redrive.errors import InvalidArgument
 
