@@ -3,6 +3,7 @@ the value and what was expected."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from redrive.errors import InvalidArgument
@@ -23,3 +24,15 @@ def check_positive(field: str, value: Any) -> float:
 def check_instance(field: str, value: Any, kind: type | tuple[type, ...], expected: str) -> None:
     if not isinstance(value, kind):
         raise InvalidArgument(field, value, f"must be {expected}")
+
+
+def check_function(field: str, value: Any, takes: str) -> None:
+    """A function redrive calls and does not await: an async one would return a coroutine that
+    nothing runs, and its records would count as handled."""
+    if not callable(value):
+        raise InvalidArgument(field, value, f"must be callable with {takes}")
+    if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value) \
+            or inspect.iscoroutinefunction(type(value).__call__):
+        raise InvalidArgument(field, value, "is an async function, which redrive would call "
+                              "without awaiting: give a plain function (one that runs the "
+                              "coroutine with asyncio.run, for example)")

@@ -189,6 +189,24 @@ static double monotonic_s(void) {
     return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
 }
 
+/* A handler that returned an awaitable called an async function without awaiting it: nothing
+ * runs it, so its record fails with the TypeError that plain.not_awaited raises. Sets the error;
+ * returns 1 if it did, 0 when `result` is not awaitable. */
+static int not_awaited(PyObject *result) {
+    PyAsyncMethods *async = Py_TYPE(result)->tp_as_async;
+    if (async == NULL || async->am_await == NULL)
+        return 0;
+    if (PyCoro_CheckExact(result)) {
+        PyObject *closed = PyObject_CallMethod(result, "close", NULL);
+        if (closed == NULL)
+            PyErr_Clear();
+        Py_XDECREF(closed);
+    }
+    PyErr_Format(PyExc_TypeError, "the handler returned %s, an awaitable, which redrive does not "
+                 "await: its record was not handled", _PyType_Name(Py_TYPE(result)));
+    return 1;
+}
+
 /* The handler's result for a record: 0 when it returned, 1 when it raised an Exception (kept in
  * *failure with its traceback), -1 when it raised anything else (left set, to propagate). */
 static int call_handler(PyObject *handler, PyObject *record, int timed, PyObject *times,
@@ -205,8 +223,10 @@ static int call_handler(PyObject *handler, PyObject *record, int timed, PyObject
         }
     }
     if (result != NULL) {
+        int awaitable = result != Py_None && not_awaited(result);
         Py_DECREF(result);
-        return 0;
+        if (!awaitable)
+            return 0;
     }
     if (!PyErr_ExceptionMatches(PyExc_Exception))
         return -1;

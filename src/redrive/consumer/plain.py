@@ -12,6 +12,7 @@ results.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,17 @@ Handler = Callable[[Record], object]
 # (index after the last record taken, records whose handler returned, offset of the last of them
 # or -1, the sampling countdown left, the record whose handler raised or None, its exception)
 PlainRun = tuple[int, int, int, int, Record | None, Exception | None]
+
+
+def not_awaited(returned: object) -> None:
+    """Fail the record whose handler returned an awaitable (a handler calling an async function
+    without awaiting it): nothing runs a coroutine that redrive does not await, so the record
+    was not handled. The C loop raises the same TypeError."""
+    if inspect.isawaitable(returned):
+        if inspect.iscoroutine(returned):
+            returned.close()  # not awaited: no warning, no running
+        raise TypeError(f"the handler returned {type(returned).__name__}, an awaitable, which "
+                        "redrive does not await: its record was not handled")
 
 
 def handle_plain_python(messages: Sequence[Message], start: int, topic: str, partition: int,
@@ -59,14 +71,16 @@ def handle_plain_python(messages: Sequence[Message], start: int, topic: str, par
         until_sample -= 1
         try:
             if until_sample:
-                handler(record)
+                returned = handler(record)
             else:
                 until_sample = sample_every
                 started = time.perf_counter()
                 try:
-                    handler(record)
+                    returned = handler(record)
                 finally:
                     times.append(time.perf_counter() - started)
+            if returned is not None:
+                not_awaited(returned)
         except Exception as exc:
             return index, handled, last, until_sample, record, exc
         handled += 1

@@ -50,7 +50,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from redrive import gate, kafka
 from redrive import headers as h
-from redrive.arguments import check_instance, check_int, check_positive
+from redrive.arguments import check_function, check_instance, check_int, check_positive
 from redrive.backends import BoundBackend, RetryBackend, RetryTopics, Verdict
 from redrive.clock import now_ms
 from redrive.consumer.batch import Batch, Copy
@@ -58,7 +58,7 @@ from redrive.consumer.brakes import Brake
 from redrive.consumer.committer import Committer
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.pace import MainBatchSize
-from redrive.consumer.plain import handle_plain
+from redrive.consumer.plain import handle_plain, not_awaited
 from redrive.consumer.readers import CONSUMER_OVERRIDES, Readers
 from redrive.consumer.routes import Routes
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
@@ -123,8 +123,7 @@ class RetryingConsumer:
         self.topics = check_names("topics", topics)
         self.group = check_name("group", group)
         check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
-        if not callable(handler):
-            raise InvalidArgument("handler", handler, "must be callable with one Record")
+        check_function("handler", handler, "one Record")
         check_int("batch_size", batch_size, 1, 1_000_000)
         check_positive("poll_timeout_s", poll_timeout_s)
         check_positive("timeout_s", timeout_s)
@@ -472,7 +471,8 @@ class RetryingConsumer:
         failure: Exception | None = None
         started = time.perf_counter()
         try:
-            self.handler(record)
+            if (returned := self.handler(record)) is not None:
+                not_awaited(returned)
         except Exception as exc:
             failure = exc
         batch.until_sample -= 1

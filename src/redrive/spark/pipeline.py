@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from redrive import gate, kafka, topics
+from redrive.arguments import check_function
 from redrive.backends import RetryBackend
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError
@@ -92,13 +93,15 @@ class RetryPipeline:
     ) -> None:
         from pyspark.sql.types import StructType
 
-        given = [name for name, value in (("function", function),
-                                          ("batch_function", batch_function),
-                                          ("transform", transform)) if value is not None]
+        forms = {"function": (function, "a record's mapping"),
+                 "batch_function": (batch_function, "a pandas DataFrame"),
+                 "transform": (transform, "a DataFrame")}
+        given = [name for name, (value, _) in forms.items() if value is not None]
         if len(given) != 1:
             raise InvalidArgument("function", given or None,
                                   "give exactly one of function= (per record), batch_function= "
                                   "(per pandas batch) or transform= (a DataFrame transform)")
+        check_function(given[0], forms[given[0]][0], forms[given[0]][1])
         self.spark = spark
         self.subscription = Subscription(connection, topics_, group, policy, retry_backend)
         self.connection = connection

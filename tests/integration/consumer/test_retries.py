@@ -213,3 +213,30 @@ def test_errors_whose_text_fails_or_is_not_utf8_are_routed_and_the_consumer_goes
         "<str() of the error failed: AttributeError>"
     assert dead[b"undecodable"].header(h.ERROR_MESSAGE) == "cannot read /data/caf\\udce9"
     assert run.total("redrive_processed_total") == 1
+
+
+def test_a_handler_that_does_not_await_its_coroutine_fails_its_records_instead_of_passing_them(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
+    """The first delivery goes through the plain-record loop, the retry through the runtime's:
+    both fail the record, so it ends in the dead-letter topic instead of counting as handled."""
+    topic, group = new_topic(), unique_name("unawaited")
+    policy = RetryPolicy(backoff=Backoff.fixed("200ms"), attempts=2)
+    ran: list[bytes | None] = []
+
+    async def handle(record: Record) -> None:
+        ran.append(record.value)
+
+    produce(bootstrap, topic, [b"a", b"b"])
+    run = running(RetryingConsumer(bootstrap, topic, group, policy,
+                                   lambda record: handle(record), config=FAST_GROUP))
+    dead = read_all(bootstrap, f"{topic}.{group}.dlt", expect=2, timeout_s=20)
+    run.stop()
+    assert ran == []
+    assert sorted(d.value for d in dead) == [b"a", b"b"]
+    assert {(d.header(h.REASON), d.header(h.ERROR_TYPE)) for d in dead} == \
+        {("exhausted", "TypeError")}
+    assert {d.header(h.ERROR_MESSAGE) for d in dead} == {
+        "the handler returned coroutine, an awaitable, which redrive does not await: its "
+        "record was not handled"}
+    assert run.total("redrive_processed_total") == 0
+    assert run.total("redrive_retried_total") == 2

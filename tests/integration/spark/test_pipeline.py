@@ -276,6 +276,17 @@ def test_bad_arguments_fail_before_starting(spark: Any, bootstrap: str) -> None:
         RetryPipeline(spark, bootstrap, "orders", "bad group", POLICY, function=handle,
                       output_schema=OUTPUT, sink="out", checkpoint="cp")
 
+    async def enrich(record: dict[str, Any]) -> dict[str, Any]:
+        return record
+
+    for form in ("function", "batch_function"):  # it would never run: refused, not skipped
+        with pytest.raises(InvalidArgument, match=f"invalid {form}=.*is an async function"):
+            RetryPipeline(spark, bootstrap, "orders", "g", POLICY, output_schema=OUTPUT,
+                          sink="out", checkpoint="cp", **{form: enrich})
+    with pytest.raises(InvalidArgument, match="invalid function=42: must be callable"):
+        RetryPipeline(spark, bootstrap, "orders", "g", POLICY, function=42,
+                      output_schema=OUTPUT, sink="out", checkpoint="cp")
+
 
 def test_waiting_retries_are_reported_as_gauges(spark: Any, bootstrap: str, new_topic: Any,
                                                 unique_name: Any, tmp_path: Path) -> None:

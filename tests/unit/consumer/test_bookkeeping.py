@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from redrive.consumer import RetryingConsumer
@@ -54,3 +56,20 @@ def test_bad_arguments_name_the_field_and_value(field: str, kwargs: dict[str, ob
         RetryingConsumer(**args)  # type: ignore[arg-type]
     assert caught.value.field == field and caught.value.value == value
     assert f"invalid {field}={value!r}" in str(caught.value)
+
+
+async def handle_async(record: object) -> None:
+    pass
+
+
+class AsyncHandler:
+    async def __call__(self, record: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("handler", [handle_async, AsyncHandler(), functools.partial(handle_async)])
+def test_an_async_handler_is_refused_for_it_would_never_run(handler: object) -> None:
+    with pytest.raises(InvalidArgument, match=r"invalid handler=.*is an async function, which "
+                       r"redrive would call without awaiting"):
+        RetryingConsumer("localhost:9", "orders", "g", RetryPolicy(),
+                         handler)  # type: ignore[arg-type]

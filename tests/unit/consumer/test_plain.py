@@ -8,6 +8,7 @@ import dataclasses
 import gc
 import sys
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -103,6 +104,50 @@ def test_a_raising_handler_ends_the_run_with_its_record_and_exception(run: Handl
     # The run goes on after the failed record when called again, as the runtime does.
     assert run(messages, index, "orders", 0, collect(seen), until, 100, [], bytearray(1)) == \
         (6, 2, 5, 94, None, None)
+
+
+class Later:
+    """An awaitable that is not a coroutine."""
+
+    def __await__(self) -> Any:
+        yield None
+
+
+@pytest.mark.parametrize("sample_every", [1, 100])  # the timed call and the untimed one
+def test_a_handler_returning_an_awaitable_fails_its_record(run: HandlePlain,
+                                                          sample_every: int) -> None:
+    """A handler that calls an async function without awaiting it handled nothing: its record
+    fails (to be routed), the coroutine is closed unrun; other results are ignored."""
+    ran: list[int] = []
+
+    async def handle_async(record: Record) -> None:
+        ran.append(record.offset)
+
+    def handler(record: Record) -> object:
+        if record.offset == 1:
+            return handle_async(record)
+        if record.offset == 3:
+            return Later()
+        return "ignored"
+
+    messages = [message(offset) for offset in range(5)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = run(messages, 0, "orders", 0, handler, sample_every, sample_every, [],
+                    bytearray(1))
+        gc.collect()
+    assert caught == []  # closed: no "coroutine ... was never awaited"
+    index, handled, last, _, failed, failure = first
+    assert (index, handled, last) == (2, 1, 0)
+    assert failed is not None and failed.offset == 1
+    assert isinstance(failure, TypeError)
+    assert str(failure) == ("the handler returned coroutine, an awaitable, which redrive does "
+                            "not await: its record was not handled")
+    index, handled, last, _, failed, failure = run(messages, index, "orders", 0, handler, 100,
+                                                   100, [], bytearray(1))
+    assert (index, handled, last) == (4, 1, 2) and failed is not None and failed.offset == 3
+    assert "the handler returned Later, an awaitable" in str(failure)
+    assert ran == []
 
 
 def test_an_exception_that_is_not_an_error_propagates(run: HandlePlain) -> None:
