@@ -17,7 +17,7 @@ from redrive.policy import (
     predicate,
     to_ms,
 )
-from redrive.record import ErrorInfo
+from redrive.record import ErrorInfo, qualified_name
 
 
 @pytest.mark.parametrize(("text", "ms"), [
@@ -183,3 +183,34 @@ def test_naming_default_and_option() -> None:
     assert RetryPolicy().topic_naming is Naming.PER_DELAY
     assert RetryPolicy(naming="per-attempt").topic_naming is Naming.PER_ATTEMPT
     assert RetryPolicy().max_attempts == 3
+
+
+class HttpError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+def test_a_predicate_that_raises_does_not_match_and_says_so_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Written for HTTP errors, it meets others, and errors shipped as data without their live
+    exception: it must not stop the runtime there."""
+    def throttled(error: ErrorInfo) -> bool:
+        return error.exception.status == 429  # type: ignore[union-attr]
+
+    policy = RetryPolicy(not_retryable=~predicate(throttled) & error_type(HttpError))
+    assert policy.disposition(ErrorInfo.from_exception(HttpError(500))) is Disposition.DEAD_LETTER
+    assert policy.disposition(ErrorInfo.from_exception(HttpError(429))) is Disposition.RETRY
+    with caplog.at_level("WARNING", logger="redrive.policy"):
+        for _ in range(3):  # no .status: the predicate raises AttributeError
+            assert policy.disposition(ErrorInfo.from_exception(KeyError("k"))) \
+                is Disposition.RETRY
+        name = qualified_name(HttpError)
+        shipped = ErrorInfo(name, "HTTP 500", "", ((name, "Exception"),))
+        # A shipped error has no live exception (None.status): not matching, so negated, it
+        # matches, and HttpError by name does too.
+        assert policy.disposition(shipped) is Disposition.DEAD_LETTER
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1  # AttributeError both times: said once
+    assert "raised AttributeError on KeyError" in warnings[0]
+    assert "counts as not matching" in warnings[0]

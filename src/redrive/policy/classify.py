@@ -6,6 +6,7 @@ causes, so they work the same on a live exception and on an error shipped from a
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from redrive.errors import InvalidPolicy
 from redrive.record import ErrorInfo, qualified_name
 
 ErrorLike = BaseException | ErrorInfo
+
+log = logging.getLogger("redrive.policy")
 
 
 class ErrorMatcher:
@@ -65,12 +68,30 @@ class MessageMatches(ErrorMatcher):
 
 @dataclass(frozen=True)
 class Predicate(ErrorMatcher):
-    """The user's own test, given the ErrorInfo (its .exception is the live error, if any)."""
+    """The user's own test, given the ErrorInfo (its .exception is the live error, if any).
+
+    A test that raises does not match, and says so once per kind of error it raised: it was
+    written for some errors (`e.exception.response.status == 429`) and meets others (an error
+    with no response, or shipped from a Spark executor without its live exception). Raised on,
+    it would stop the runtime at that record, and again at every restart.
+    """
 
     function: Callable[[ErrorInfo], bool]
 
     def matches(self, error: ErrorInfo) -> bool:
-        return bool(self.function(error))
+        try:
+            return bool(self.function(error))
+        except Exception as failed:
+            seen = (id(self.function), type(failed))
+            if seen not in _FAILED_PREDICATES and len(_FAILED_PREDICATES) < 1024:
+                _FAILED_PREDICATES.add(seen)
+                log.warning("the error predicate %r raised %s on %s (%s); it counts as not "
+                            "matching", self.function, qualified_name(type(failed)),
+                            error.type_name, failed)
+            return False
+
+
+_FAILED_PREDICATES: set[tuple[int, type[BaseException]]] = set()
 
 
 @dataclass(frozen=True)
