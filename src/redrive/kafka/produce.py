@@ -119,10 +119,10 @@ def _flush(producer_: Producer, timeout_s: float, topic: str) -> int:
     except SystemError as exc:
         # A fatal error met while serving delivery reports reaches Python as a SystemError
         # caused by it (seen after a noida-db SIGKILL and restart): said as what it is.
-        if not producer_failed(exc):
+        if not producer_broken(exc):
             raise
-        raise DeliveryFailed(topic, None, f"the producer failed for good: {exc.__cause__}",
-                             fatal=True) from exc
+        raise DeliveryFailed(topic, None, f"the producer failed for good: "
+                             f"{exc.__cause__ or exc}", fatal=True) from exc
     return remaining
 
 
@@ -142,6 +142,17 @@ def delivery_failed(topic: str, partition: int | None, error: KafkaError) -> Del
     return DeliveryFailed(topic, partition, why,
                           unanswered=error.code() in UNREACHED_CODES,
                           fatal=error.fatal() or error.code() in _FAILED)
+
+
+def producer_broken(exc: BaseException) -> bool:
+    """`producer_failed`, or the SystemError of a producer method that returned no result and
+    no error ("<method 'flush' of 'cimpl.Producer' objects> returned NULL without setting an
+    exception", seen once after a noida-db SIGKILL and restart, where the producer failed
+    fatally): nothing says the producer is sound, and what it holds is unconfirmed either way,
+    so it is replaced too. A SystemError with a cause that is no Kafka error (a bug in a
+    callback) is not this."""
+    return producer_failed(exc) or (isinstance(exc, SystemError) and exc.__cause__ is None
+                                    and "cimpl.Producer" in str(exc))
 
 
 def producer_failed(exc: BaseException) -> bool:

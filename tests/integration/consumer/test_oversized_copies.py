@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from redrive import headers as h
 from redrive import kafka
@@ -20,6 +19,7 @@ from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.topics import plan
 
+from ..topic_configs import set_record_limit
 from .conftest import FAST_GROUP, Running, committed, produce, read_all, wait_until
 
 NewTopic = Callable[..., str]
@@ -153,13 +153,7 @@ def test_a_copy_its_topic_refuses_holds_its_partition_with_growing_pauses_until_
     assert committed(bootstrap, group, topic)[0] < 1
     assert read_all(bootstrap, dlt, timeout_s=2) == []
 
-    admin = kafka.admin(bootstrap)
-    altered = admin.incremental_alter_configs([ConfigResource(
-        ResourceType.TOPIC, dlt, incremental_configs=[ConfigEntry(
-            "max.message.bytes", "2000000",
-            incremental_operation=AlterConfigOpType.SET)])])
-    for future in altered.values():
-        future.result(10)
+    set_record_limit(bootstrap, dlt, 2_000_000)
     dead = read_all(bootstrap, dlt, expect=1, timeout_s=20)
     assert [(read.key, len(read.value or b"")) for read in dead] == [(b"big", 1_200_000)]
     wait_until(lambda: committed(bootstrap, group, topic) == {0: 1, 1: 5}, 20,

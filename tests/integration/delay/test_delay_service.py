@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from redrive import headers as h
 from redrive import kafka
 from redrive.delay import DelayService, Tiers, schedule
 from redrive.delay.service import ensure_topics
 
+from ..topic_configs import set_record_limit
 from .conftest import SERVICE_LATENCY_MS, Arrival, Reader, now_ms, running, warm_producer
 
 NewTopic = Callable[..., str]
@@ -356,13 +356,7 @@ def test_a_record_its_target_refuses_is_tried_at_growing_intervals_and_goes_once
         pauses = [message.rsplit(" in ", 1)[1] for message in tries]
         assert pauses == ["1 s", "2 s", "4 s"][:len(tries)]
         assert reader.read(0, timeout_s=2) == []
-        admin = kafka.admin(bootstrap)  # kept: a dropped client fails its futures
-        altered = admin.incremental_alter_configs([ConfigResource(
-            ResourceType.TOPIC, target, incremental_configs=[ConfigEntry(
-                "max.message.bytes", "100000",
-                incremental_operation=AlterConfigOpType.SET)])])
-        for future in altered.values():
-            future.result(10)
+        set_record_limit(bootstrap, target, 100_000)
         arrivals = reader.read(1, timeout_s=15)
     reader.close()
     assert [arrival.value for arrival in arrivals] == [b"v" * 20_000]

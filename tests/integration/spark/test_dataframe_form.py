@@ -16,7 +16,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from pyspark import cloudpickle
 from pyspark.sql.pandas.types import to_arrow_type
 
@@ -36,6 +35,7 @@ from redrive.spark.sql import functions
 from redrive.spark.tally import BatchTally
 from redrive.spark.tasks import record_of
 
+from ..topic_configs import set_record_limit
 from .test_pipeline import read_all
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -468,12 +468,7 @@ def test_a_copy_the_dead_letter_topic_refuses_fails_the_batch_naming_it_and_lose
     assert error is not None
     assert f"delivery to {dlt}" in str(error) and "max.message.bytes" in str(error)
     assert read_all(bootstrap, dlt) == []
-    admin = kafka.admin(bootstrap)
-    for future in admin.incremental_alter_configs([ConfigResource(
-            ResourceType.TOPIC, dlt, incremental_configs=[ConfigEntry(
-                "max.message.bytes", "2000000",
-                incremental_operation=AlterConfigOpType.SET)])]).values():
-        future.result(10)
+    set_record_limit(bootstrap, dlt, 2_000_000)
     assert run() is None
     dead = read_all(bootstrap, dlt)
     assert [(m.key(), len(m.value())) for m in dead] == [(b"k0", 1_200_004)]

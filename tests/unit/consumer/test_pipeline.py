@@ -356,6 +356,22 @@ def test_a_fatal_error_raised_from_poll_as_a_system_error_replaces_the_producer(
         runtime._handle_batch(_batch(0, range(0, 5)))
 
 
+def test_a_producer_method_that_failed_without_an_error_replaces_the_producer() -> None:
+    runtime, consumer, producer = _fake_runtime({b"0-1"})
+    fresh = FakeProducer()
+    committer = runtime._require_committer()
+    committer._make_producer = lambda: fresh  # type: ignore[assignment, return-value]
+
+    def poll(timeout: float = 0) -> int:
+        raise SystemError("<method 'poll' of 'cimpl.Producer' objects> returned NULL without "
+                          "setting an exception")
+
+    producer.poll = poll  # type: ignore[method-assign]
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    assert producer.purged and committer._producer is fresh
+    assert consumer.seeks == [("orders", 0, 0)] and consumer.commits == []
+
+
 def test_a_partition_that_cannot_be_sought_while_leaving_does_not_stop_the_close() -> None:
     runtime, consumer, producer = _fake_runtime({b"0-1"})
     producer.fail_values = {b"0-1"}
