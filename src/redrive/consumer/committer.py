@@ -36,7 +36,7 @@ from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed, RedriveError
 from redrive.kafka.health import BrokerHealth
 from redrive.kafka.holds import Holds, Refusals
-from redrive.kafka.produce import discard_producer, producer_broken, producer_failed
+from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
@@ -302,9 +302,9 @@ class Committer:
             return 0
         except (KafkaException, SystemError) as exc:
             # Inside a rebalance callback confluent-kafka surfaces the fatal error as a
-            # SystemError caused by it (seen after a noida-db restart); producer_broken looks
+            # SystemError caused by it (seen after a noida-db restart); producer_failed looks
             # through the causes.
-            if not producer_broken(exc):
+            if not producer_failed(exc):
                 raise
             head = self._pipeline.head
             if head is not None:

@@ -15,9 +15,9 @@ from confluent_kafka.admin import AdminClient
 from redrive.errors import BrokerUnavailable
 
 ClientConfig = dict[str, Any]
+Connection = str | Mapping[str, Any]
 
 MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
-Connection = str | Mapping[str, Any]
 
 PRODUCER_DEFAULTS: Mapping[str, Any] = {
     # Retry and dead-letter copies must not be duplicated or reordered by producer retries.

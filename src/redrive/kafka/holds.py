@@ -6,8 +6,8 @@ dead-letter limit, or one whose copy the broker refused (`Refusals`). The partit
 and sought back to that record, so the records fetched behind it are dropped and fetched again
 after the resume (the consumer runtime's retry reader keeps them instead:
 `redrive.consumer.readers`); `poll()` keeps running meanwhile, so the member stays in its group
-and the other partitions go on. The consumer runtime and the delay
-service both hold partitions here.
+and the other partitions go on. The consumer runtime and the delay service both hold partitions
+here.
 
 A hold lives in this process only: when a partition is revoked or lost its hold is released (and
 the partition resumed, since librdkafka keeps a partition's pause flag across unassign and assign),

@@ -119,7 +119,7 @@ def _flush(producer_: Producer, timeout_s: float, topic: str) -> int:
     except SystemError as exc:
         # A fatal error met while serving delivery reports reaches Python as a SystemError
         # caused by it (seen after a noida-db SIGKILL and restart): said as what it is.
-        if not producer_broken(exc):
+        if not producer_failed(exc):
             raise
         raise DeliveryFailed(topic, None, f"the producer failed for good: "
                              f"{exc.__cause__ or exc}", fatal=True) from exc
@@ -144,22 +144,17 @@ def delivery_failed(topic: str, partition: int | None, error: KafkaError) -> Del
                           fatal=error.fatal() or error.code() in _FAILED)
 
 
-def producer_broken(exc: BaseException) -> bool:
-    """`producer_failed`, or the SystemError of a producer method that returned no result and
-    no error ("<method 'flush' of 'cimpl.Producer' objects> returned NULL without setting an
-    exception", seen once after a noida-db SIGKILL and restart, where the producer failed
-    fatally): nothing says the producer is sound, and what it holds is unconfirmed either way,
-    so it is replaced too. A SystemError with a cause that is no Kafka error (a bug in a
-    callback) is not this."""
-    return producer_failed(exc) or (isinstance(exc, SystemError) and exc.__cause__ is None
-                                    and "cimpl.Producer" in str(exc))
-
-
 def producer_failed(exc: BaseException) -> bool:
     """Whether `exc`, from producing, says the producer failed for good (librdkafka's fatal
     error, e.g. its idempotence state lost in a broker restart) and must be replaced: it or an
     exception it was raised from (confluent-kafka raises a delivery callback's error as a
-    SystemError caused by it)."""
+    SystemError caused by it). Also the SystemError of a producer method that returned neither
+    a result nor an error ("<method 'flush' of 'cimpl.Producer' objects> returned NULL without
+    setting an exception", seen once after a noida-db SIGKILL and restart, where the producer
+    failed fatally): nothing says that producer is sound, and what it holds is unconfirmed
+    either way. A SystemError caused by something else (a bug in a callback) is not this."""
+    if isinstance(exc, SystemError) and exc.__cause__ is None and "cimpl.Producer" in str(exc):
+        return True
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, DeliveryFailed):

@@ -327,21 +327,31 @@ def test_a_producer_whose_idempotence_state_the_broker_lost_is_replaced() -> Non
     assert consumer.commits == [{A: 5}]
 
 
-def test_a_fatal_error_raised_from_poll_as_a_system_error_replaces_the_producer() -> None:
-    # confluent-kafka raises librdkafka's fatal error from poll() inside a callback as a
-    # SystemError caused by it (seen after a noida-db restart): the oldest batch fails, is
-    # rewound, and a new producer takes over; any other SystemError is not swallowed.
+def _fatal_in_a_callback() -> SystemError:
+    try:
+        raise KafkaException(KafkaError(KafkaError._FATAL, "fatal idempotence error", fatal=True))
+    except KafkaException as fatal:
+        try:
+            raise SystemError("callback raised") from fatal
+        except SystemError as raised:
+            return raised
+
+
+@pytest.mark.parametrize("raised", [
+    _fatal_in_a_callback(),  # librdkafka's fatal error, as raised from inside a callback
+    SystemError("<method 'poll' of 'cimpl.Producer' objects> returned NULL without setting an "
+                "exception"),  # the same failure, once, with no cause at all
+], ids=["caused", "no-cause"])
+def test_a_producer_that_failed_for_good_in_poll_is_replaced(raised: SystemError) -> None:
+    # Seen after noida-db restarts: the oldest batch fails, is rewound, and a new producer takes
+    # over; any other SystemError is not swallowed.
     runtime, consumer, producer = _fake_runtime({b"0-1"})
     fresh = FakeProducer()
     committer = runtime._require_committer()
     committer._make_producer = lambda: fresh  # type: ignore[assignment, return-value]
 
     def poll(timeout: float = 0) -> int:
-        try:
-            raise KafkaException(KafkaError(KafkaError._FATAL, "fatal idempotence error",
-                                            fatal=True))
-        except KafkaException as fatal:
-            raise SystemError("callback raised") from fatal
+        raise raised
 
     producer.poll = poll  # type: ignore[method-assign]
     runtime._handle_batch(_batch(0, range(0, 5)))
@@ -354,22 +364,6 @@ def test_a_fatal_error_raised_from_poll_as_a_system_error_replaces_the_producer(
     fresh.poll = broken  # type: ignore[method-assign]
     with pytest.raises(SystemError, match="not a Kafka error"):
         runtime._handle_batch(_batch(0, range(0, 5)))
-
-
-def test_a_producer_method_that_failed_without_an_error_replaces_the_producer() -> None:
-    runtime, consumer, producer = _fake_runtime({b"0-1"})
-    fresh = FakeProducer()
-    committer = runtime._require_committer()
-    committer._make_producer = lambda: fresh  # type: ignore[assignment, return-value]
-
-    def poll(timeout: float = 0) -> int:
-        raise SystemError("<method 'poll' of 'cimpl.Producer' objects> returned NULL without "
-                          "setting an exception")
-
-    producer.poll = poll  # type: ignore[method-assign]
-    runtime._handle_batch(_batch(0, range(0, 5)))
-    assert producer.purged and committer._producer is fresh
-    assert consumer.seeks == [("orders", 0, 0)] and consumer.commits == []
 
 
 def test_a_partition_that_cannot_be_sought_while_leaving_does_not_stop_the_close() -> None:
