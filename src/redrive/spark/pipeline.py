@@ -83,7 +83,8 @@ class RetryPipeline:
         transform: Transform | None = None,
         error_column: str = "error",
         sink_format: str = "parquet",
-        trigger_interval: str = "1 second",
+        trigger_interval: str | None = None,
+        available_now: bool = False,
         starting_offsets: str = "earliest",
         max_offsets_per_trigger: int | None = None,
         metrics_port: int | None = None,
@@ -102,6 +103,10 @@ class RetryPipeline:
                                   "give exactly one of function= (per record), batch_function= "
                                   "(per pandas batch) or transform= (a DataFrame transform)")
         check_function(given[0], forms[given[0]][0], forms[given[0]][1])
+        if available_now and trigger_interval is not None:
+            raise InvalidArgument("trigger_interval", trigger_interval,
+                                  "an available_now run has no interval: it reads what is there "
+                                  "and stops; give one or the other")
         self.spark = spark
         self.subscription = Subscription(connection, topics_, group, policy, retry_backend)
         self.connection = connection
@@ -137,7 +142,8 @@ class RetryPipeline:
         self.batch_function = batch_function
         self.transform = transform
         self.error_column = error_column
-        self.trigger_interval = trigger_interval
+        self.trigger_interval = trigger_interval or "1 second"
+        self.available_now = available_now
         self.starting_offsets = starting_offsets
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.on_batch = on_batch
@@ -214,8 +220,9 @@ class RetryPipeline:
         self._follower = ledger.Follower(self.connection, ledger.ledger_topic(self.group))
         writer = (frame.writeStream.foreachBatch(self.body())
                   .option("checkpointLocation", self.checkpoint)
-                  .queryName(f"redrive-{self.group}")
-                  .trigger(processingTime=self.trigger_interval))
+                  .queryName(f"redrive-{self.group}"))
+        writer = (writer.trigger(availableNow=True) if self.available_now
+                  else writer.trigger(processingTime=self.trigger_interval))
         self._query = writer.start()
         return self._query
 
@@ -293,7 +300,8 @@ class RetryPipeline:
 
     def run(self, *, until: Callable[[PipelineStats], bool] | None = None,
             timeout_s: float | None = None, poll_s: float = 0.2) -> PipelineStats:
-        """Run until `until(stats)` holds, the timeout passes, stop() is called or SIGTERM.
+        """Run until `until(stats)` holds, the timeout passes, stop() is called or SIGTERM; an
+        `available_now` pipeline also stops once it has read what its topics held at the start.
 
         On SIGTERM the pipeline lets the batch in progress finish before stopping the query, so
         the checkpoint and the Kafka commits stay in step.

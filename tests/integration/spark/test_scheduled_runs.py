@@ -1,0 +1,106 @@
+"""RetryPipeline run as a scheduled job (`available_now=True`): each run reads what its topics
+hold and is due at its start, then stops by itself; the next run, from the same checkpoint,
+takes the retries that have come due since. On the classic session and on Spark Connect."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from pyspark import cloudpickle
+
+from redrive import headers as h
+from redrive import kafka
+from redrive.errors import InvalidArgument
+from redrive.policy import Backoff, RetryPolicy
+from redrive.spark import PipelineStats, RetryPipeline
+
+from .test_pipeline import handle_in_sql, produce, read_all
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+# One retry, 5 s after the failure: long enough that a run started at once finds it not due.
+POLICY = RetryPolicy(backoff=Backoff.sequence("5s"), not_retryable=ValueError)
+RUN_LIMIT_S = 120.0
+
+
+def run_once(spark: Any, bootstrap: str, topic: str, group: str, sink: str,
+             checkpoint: str) -> tuple[PipelineStats, float, float]:
+    """One scheduled run, as a new job would make it; the wall-clock bounds of the run (ms)."""
+    started = time.time() * 1000
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=handle_in_sql,
+                             sink=sink, checkpoint=checkpoint, available_now=True)
+    clock = time.monotonic()
+    stats = pipeline.run(timeout_s=RUN_LIMIT_S)
+    assert time.monotonic() - clock < RUN_LIMIT_S, "the run did not stop by itself"
+    return stats, started, time.time() * 1000
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    found = kafka.consumer(bootstrap, group).committed(
+        [TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+    return [tp.offset for tp in found]
+
+
+@pytest.mark.parametrize("session", ["spark", "connect_spark"])
+def test_each_run_reads_what_is_due_at_its_start_and_stops(
+        request: Any, session: str, bootstrap: str, new_topic: Any, unique_name: Any,
+        tmp_path: Path) -> None:
+    spark = request.getfixturevalue(session)
+    topic = new_topic(partitions=2)
+    group = unique_name("scheduled")
+    kinds = ["ok"] * 10 + ["fail1"] * 4 + ["forever"] * 2 + ["poison"]
+    sent = produce(bootstrap, topic, kinds)
+    sink, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
+    retry_topic = f"{topic}.{group}.retry.5s"
+
+    first, _, _ = run_once(spark, bootstrap, topic, group, sink, checkpoint)
+    assert first.succeeded_by_retries == {0: 10}
+    assert first.retried_by_attempt == {1: 6}
+    assert first.dead_lettered_by_reason == {"not-retryable": 1}
+    # The copies made by this run came after its start: the next run handles them.
+    assert first.records == len(kinds)
+    # The last batch's end is in the group although no batch was planned after it.
+    assert sum(committed(bootstrap, group, topic, 2)) == len(kinds)
+    copies = read_all(bootstrap, retry_topic)
+    assert len(copies) == 6
+    dues = [h.read_delivery(kafka.message_headers(m)).due_ms for m in copies]
+    assert all(due is not None for due in dues)
+    first_due, last_due = min(d for d in dues if d), max(d for d in dues if d)
+
+    second, started, ended = run_once(spark, bootstrap, topic, group, sink, checkpoint)
+    assert second.early == 0
+    if ended < first_due:  # nothing was due while it ran
+        assert second.records == 0
+    elif started > last_due:  # everything was
+        assert second.records == 6
+
+    time.sleep(max(0.0, (last_due - time.time() * 1000) / 1000) + 0.5)
+    third, _, _ = run_once(spark, bootstrap, topic, group, sink, checkpoint)
+    assert second.records + third.records == 6  # each copy handled once, in one run or the other
+    assert third.early == 0
+    assert (second.succeeded_by_retries + third.succeeded_by_retries) == {1: 4}
+    assert (second.dead_lettered_by_reason + third.dead_lettered_by_reason) == {"exhausted": 2}
+
+    rows = spark.read.parquet(sink).collect()
+    assert len(rows) == len({row["key"] for row in rows}) == 14
+    assert Counter(row["attempt"] for row in rows) == {0: 10, 1: 4}
+    assert all(row["late_ms"] >= 0 for row in rows)
+    dead = read_all(bootstrap, f"{topic}.{group}.dlt")
+    assert sorted(sent[m.key().decode()] for m in dead) == ["forever", "forever", "poison"]
+    assert sum(committed(bootstrap, group, retry_topic, 2)) == 6
+
+
+def test_available_now_takes_no_interval(spark: Any, bootstrap: str) -> None:
+    with pytest.raises(InvalidArgument, match=r"trigger_interval.*available_now"):
+        RetryPipeline(spark, bootstrap, "orders", "g", POLICY, transform=handle_in_sql,
+                      sink="out", checkpoint="cp", available_now=True,
+                      trigger_interval="5 seconds")
+
