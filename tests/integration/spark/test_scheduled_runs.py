@@ -26,8 +26,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-# One retry, 5 s after the failure: long enough that a run started at once finds it not due.
-POLICY = RetryPolicy(backoff=Backoff.sequence("5s"), not_retryable=ValueError)
+# One retry, 8 s after the failure: long enough that a run started at once finds it not due.
+POLICY = RetryPolicy(backoff=Backoff.sequence("8s"), not_retryable=ValueError)
 RUN_LIMIT_S = 120.0
 
 
@@ -59,7 +59,7 @@ def test_each_run_reads_what_is_due_at_its_start_and_stops(
     kinds = ["ok"] * 10 + ["fail1"] * 4 + ["forever"] * 2 + ["poison"]
     sent = produce(bootstrap, topic, kinds)
     sink, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
-    retry_topic = f"{topic}.{group}.retry.5s"
+    retry_topic = f"{topic}.{group}.retry.8s"
 
     first, _, _ = run_once(spark, bootstrap, topic, group, sink, checkpoint)
     assert first.succeeded_by_retries == {0: 10}
