@@ -36,6 +36,7 @@ from redrive.spark import register, write_to_kafka
 from redrive.spark.outcomes import PipelineStats
 from redrive.spark.pipeline import RetryPipeline
 from redrive.spark.sql import functions
+from redrive.spark.writer import drop_cached_producers
 
 TOPIC = "orders"
 VALID_TOPIC = "orders.valid"
@@ -216,6 +217,9 @@ def main() -> int:
             return report(spark, bootstrap, output, stats, args.records, wall)
         finally:
             spark.stop()
+            # On a classic session the batches' producers live in this process: closed before
+            # the embedded broker stops, they do not log its refused connections at exit.
+            drop_cached_producers()
     finally:
         if broker is not None:
             broker.stop()
