@@ -2,8 +2,9 @@
 option name and value before anything is read.
 
 The schema and the option names are those of Spark's built-in Kafka source where they apply
-(`kafka.*` client settings, `subscribe`, `startingOffsets`, `endingOffsets`,
-`maxOffsetsPerTrigger`, `includeHeaders`, `failOnDataLoss`, `kafkaConsumer.pollTimeoutMs`);
+(`kafka.*` client settings, `subscribe`, `startingOffsets`, `endingOffsets`, their `*Timestamp`
+and `*OffsetsByTimestamp` forms, `maxOffsetsPerTrigger`, `includeHeaders`, `failOnDataLoss`,
+`kafkaConsumer.pollTimeoutMs`);
 redrive's own start with `redrive.` (`redrive.group`, `redrive.gate`, `redrive.gatedTopics`,
 `redrive.gate.scanLimit`, `redrive.reader`, `redrive.decodeHeaders`).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,26 @@ FETCH_MISSING = ("the fetch reader (redrive.spark._fetchread) is not built: it n
                  "compiler and Python's headers when redrive is installed")
 READERS = ("auto", "fetch", "native", "python")
 
-OffsetsSpec = str | dict[PartitionKey, int]  # "earliest", "latest" or explicit offsets
+
+
+@dataclass(frozen=True)
+class ByTimestamp:
+    """Offsets found by time, as Spark's Kafka source reads its `*Timestamp` options: in each
+    partition, the first record whose timestamp is at or after `at` (ms since the epoch), one
+    time for every partition or one per partition."""
+
+    option: str  # as the user named it, for errors
+    raw: str
+    at: int | dict[PartitionKey, int]
+    # Where no record is that late: fail ("error") or take the partition's end ("latest").
+    none_found: str = "latest"
+
+    def time_of(self, tp: PartitionKey) -> int:
+        return self.at if isinstance(self.at, int) else self.at[tp]
+
+
+# "earliest", "latest", explicit offsets, or offsets by timestamp
+OffsetsSpec = str | dict[PartitionKey, int] | ByTimestamp
 
 
 class SourceOptionError(RedriveError, ValueError):
@@ -91,7 +111,13 @@ _FORBIDDEN_CLIENT = {
 _UNSUPPORTED = {
     "assign": "use subscribe with a comma list of topics",
     "subscribepattern": "use subscribe with a comma list of topics",
+    # Spark's Kafka source takes these; ignoring them would plan otherwise than asked.
+    "minpartitions": "each Kafka partition is read by one task",
+    "maxrecordsperpartition": "each Kafka partition is read by one task",
+    "minoffsetspertrigger": "a trigger reads what is there, up to maxOffsetsPerTrigger",
+    "maxtriggerdelay": "a trigger reads what is there, up to maxOffsetsPerTrigger",
 }
+STRATEGY_OPTION = "startingOffsetsByTimestampStrategy"
 
 
 def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
@@ -117,6 +143,54 @@ def _positive_int(options: Mapping[str, str], name: str) -> int | None:
     return value
 
 
+def _start(options: Mapping[str, str], topics: Sequence[str]) -> OffsetsSpec | None:
+    """Where a query starts; as in Spark, startingTimestamp comes before
+    startingOffsetsByTimestamp, which comes before startingOffsets."""
+    raw = options.get(STRATEGY_OPTION.lower(), "error")
+    strategy = str(raw).strip().lower()
+    if strategy not in ("error", "latest"):
+        raise SourceOptionError(STRATEGY_OPTION, raw, "expected error or latest")
+    return (_timestamps(options, "startingTimestamp", "startingOffsetsByTimestamp", topics,
+                        strategy)
+            or _offsets_spec(options, "startingOffsets", topics))
+
+
+def _end(options: Mapping[str, str], topics: Sequence[str]) -> OffsetsSpec | None:
+    """Where a batch query ends; past the last record's time, at the partition's end."""
+    return (_timestamps(options, "endingTimestamp", "endingOffsetsByTimestamp", topics,
+                        "latest")
+            or _offsets_spec(options, "endingOffsets", topics))
+
+
+def _timestamps(options: Mapping[str, str], one: str, each: str, topics: Sequence[str],
+                none_found: str) -> ByTimestamp | None:
+    raw = options.get(one.lower())
+    if raw is not None:
+        text = str(raw).strip()
+        if not text.isdigit():
+            raise SourceOptionError(one, raw, "expected a timestamp in milliseconds since the "
+                                    "epoch, such as 1764236400000")
+        return ByTimestamp(one, text, int(text), none_found)
+    raw = options.get(each.lower())
+    if raw is None:
+        return None
+    at = _per_partition(each, raw, topics, 'expected JSON such as {"topic": {"0": '
+                        '1764236400000}}', _check_timestamp)
+    return ByTimestamp(each, str(raw).strip(), at, none_found)
+
+
+def _check_timestamp(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return "must be a timestamp in milliseconds since the epoch"
+    return None
+
+
+def _check_offset(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < EARLIEST:
+        return "must be an offset, -2 (earliest) or -1 (latest)"
+    return None
+
+
 def _offsets_spec(options: Mapping[str, str], name: str,
                   topics: Sequence[str]) -> OffsetsSpec | None:
     raw = options.get(name.lower())
@@ -125,28 +199,34 @@ def _offsets_spec(options: Mapping[str, str], name: str,
     text = str(raw).strip()
     if text.lower() in ("earliest", "latest"):
         return text.lower()
+    return _per_partition(name, raw, topics, 'expected earliest, latest or JSON such as '
+                          '{"topic": {"0": 23, "1": -2}}', _check_offset)
+
+
+def _per_partition(name: str, raw: str, topics: Sequence[str], expected: str,
+                   check: Callable[[object], str | None]) -> dict[PartitionKey, int]:
+    """A JSON object of topic -> partition -> number, each number passing `check`."""
     try:
-        parsed = json.loads(text)
+        parsed = json.loads(str(raw).strip())
     except json.JSONDecodeError:
-        raise SourceOptionError(name, raw, 'expected earliest, latest or JSON such as '
-                                '{"topic": {"0": 23, "1": -2}}') from None
+        raise SourceOptionError(name, raw, expected) from None
     if not isinstance(parsed, dict):
-        raise SourceOptionError(name, raw, 'expected a JSON object such as {"topic": {"0": 23}}')
+        raise SourceOptionError(name, raw, expected)
     spec: dict[PartitionKey, int] = {}
     for topic, partitions in parsed.items():
         if topic not in topics:
             raise SourceOptionError(name, raw, f"topic {topic!r} is not in subscribe")
         if not isinstance(partitions, dict):
             raise SourceOptionError(name, raw, f"topic {topic!r}: expected an object of "
-                                    "partition -> offset")
-        for partition, offset in partitions.items():
+                                    "partition -> number")
+        for partition, value in partitions.items():
             if not str(partition).isdigit():
                 raise SourceOptionError(name, raw, f"topic {topic!r}: partition {partition!r} "
                                         "is not a non-negative integer")
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST:
-                raise SourceOptionError(name, raw, f"{topic}[{partition}]: offset {offset!r} "
-                                        "must be an offset, -2 (earliest) or -1 (latest)")
-            spec[(topic, int(partition))] = offset
+            why = check(value)
+            if why is not None:
+                raise SourceOptionError(name, raw, f"{topic}[{partition}]: {value!r} {why}")
+            spec[(topic, int(partition))] = value
     return spec
 
 
@@ -236,8 +316,8 @@ class SourceOptions:
         return cls(
             bootstrap=bootstrap,
             topics=topics,
-            starting=_offsets_spec(lowered, "startingOffsets", topics),
-            ending=_offsets_spec(lowered, "endingOffsets", topics),
+            starting=_start(lowered, topics),
+            ending=_end(lowered, topics),
             max_offsets_per_trigger=_positive_int(lowered, "maxOffsetsPerTrigger"),
             include_headers=include_headers,
             client_overrides=overrides,

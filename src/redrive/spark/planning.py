@@ -37,7 +37,15 @@ from redrive.kafka.ranges import (
     range_consumer,
 )
 from redrive.kafka.records import PartitionKey
-from redrive.spark.options import EARLIEST, LATEST, OffsetsSpec, SourceOptionError, SourceOptions
+from redrive.spark.options import (
+    EARLIEST,
+    LATEST,
+    STRATEGY_OPTION,
+    ByTimestamp,
+    OffsetsSpec,
+    SourceOptionError,
+    SourceOptions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +60,17 @@ class DataLoss(RedriveError):
         self.partition = partition
         super().__init__(f"data loss on {topic}[{partition}]: {why}; set option "
                          "failOnDataLoss=false to continue from what is left")
+
+
+def _check_named(spec: Mapping[PartitionKey, int], tps: Sequence[PartitionKey], option: str,
+                 raw: str) -> None:
+    """Offsets or times given per partition name exactly the subscribed topics' partitions."""
+    missing = [tp for tp in tps if tp not in spec]
+    unknown = [tp for tp in spec if tp not in tps]
+    if missing or unknown:
+        tp, why = ((missing[0], "is not given; name every partition of the subscribed topics")
+                   if missing else (unknown[0], "does not exist"))
+        raise SourceOptionError(option, raw, f"partition {tp[0]}[{tp[1]}] {why}")
 
 
 def _ordered(offsets: Mapping[PartitionKey, int]) -> list[tuple[PartitionKey, int]]:
@@ -148,14 +167,24 @@ class Broker:
     def list_offsets(self, tps: Sequence[PartitionKey], which: str) -> Offsets:
         """Earliest or latest offsets; latest is the last stable offset under read_committed,
         so a range never waits for a transaction that is still open."""
-        if not tps:
-            return {}
         spec = (OffsetSpec.earliest() if which == "earliest"  # type: ignore[no-untyped-call]
                 else OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        return self._list_offsets({tp: spec for tp in tps}, which)
+
+    def offsets_at(self, times: Mapping[PartitionKey, int]) -> Offsets:
+        """In each partition, the offset of the first record whose timestamp is at or after the
+        given time; -1 where there is none."""
+        return self._list_offsets({tp: OffsetSpec.for_timestamp(at)
+                                   for tp, at in times.items()}, "timestamp")
+
+    def _list_offsets(self, specs: Mapping[PartitionKey, OffsetSpec], which: str) -> Offsets:
+        if not specs:
+            return {}
         isolation = (IsolationLevel.READ_COMMITTED if self.options.read_committed
                      else IsolationLevel.READ_UNCOMMITTED)
         try:
-            futures = self.admin.list_offsets({TopicPartition(t, p): spec for t, p in tps},
+            futures = self.admin.list_offsets({TopicPartition(t, p): spec
+                                               for (t, p), spec in specs.items()},
                                               isolation_level=isolation, request_timeout=30)
             return {(tp.topic, tp.partition): int(future.result().offset)
                     for tp, future in futures.items()}
@@ -165,19 +194,29 @@ class Broker:
 
     def resolve(self, spec: OffsetsSpec, tps: Sequence[PartitionKey],
                 option: str) -> Offsets:
-        """Turn earliest/latest/JSON into offsets for exactly the given partitions."""
+        """Turn earliest/latest/JSON/timestamps into offsets for exactly the given partitions."""
         if isinstance(spec, str):
             return self.list_offsets(tps, spec)
-        missing = [tp for tp in tps if tp not in spec]
-        unknown = [tp for tp in spec if tp not in tps]
-        if missing or unknown:
-            tp, why = ((missing[0], "is not given; name every partition of the subscribed topics")
-                       if missing else (unknown[0], "does not exist"))
-            raise SourceOptionError(option, json.dumps(offsets_to_json(spec)),
-                                    f"partition {tp[0]}[{tp[1]}] {why}")
+        if isinstance(spec, ByTimestamp):
+            return self._by_timestamp(spec, tps)
+        _check_named(spec, tps, option, json.dumps(offsets_to_json(spec)))
         earliest = self.list_offsets([tp for tp in tps if spec[tp] == EARLIEST], "earliest")
         latest = self.list_offsets([tp for tp in tps if spec[tp] == LATEST], "latest")
         return {tp: earliest.get(tp, latest.get(tp, spec[tp])) for tp in tps}
+
+    def _by_timestamp(self, spec: ByTimestamp, tps: Sequence[PartitionKey]) -> Offsets:
+        if isinstance(spec.at, dict):
+            _check_named(spec.at, tps, spec.option, spec.raw)
+        found = self.offsets_at({tp: spec.time_of(tp) for tp in tps})
+        past = sorted(tp for tp, offset in found.items() if offset < 0)
+        if past and spec.none_found == "error":
+            topic, partition = past[0]
+            raise SourceOptionError(spec.option, spec.raw,
+                                    f"partition {topic}[{partition}] holds no record at or after "
+                                    f"{spec.time_of(past[0])}; {STRATEGY_OPTION}=latest starts "
+                                    "such partitions at their end")
+        latest = self.list_offsets(past, "latest")
+        return {tp: latest.get(tp, found[tp]) for tp in tps}
 
     def scan(self, tp: PartitionKey, scan: Scan, target: int, now_ms: int) -> None:
         """Advance `scan` towards `target` until a record is not yet due or the scan limit is

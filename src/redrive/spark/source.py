@@ -35,6 +35,8 @@ from redrive.kafka.records import PartitionKey
 from redrive.spark.options import (
     EARLIEST,
     LATEST,
+    ByTimestamp,
+    OffsetsSpec,
     SourceOptionError,
     SourceOptions,
     kafka_schema,
@@ -74,23 +76,30 @@ def check_bounds(start: Mapping[PartitionKey, int], end: Mapping[PartitionKey, i
     for tp in sorted(end):
         topic, partition = tp
         if end[tp] > latest[tp]:
-            raise SourceOptionError("endingOffsets", _shown(options.ending),
+            raise SourceOptionError(*_given("endingOffsets", options.ending),
                                     f"partition {topic}[{partition}] ends at offset {latest[tp]};"
                                     f" {end[tp]} is past it")
         if start[tp] > end[tp]:
             # Name the option the user gave: an end before the partition's first offset when
             # only endingOffsets was given.
-            option, given = (("startingOffsets", options.starting)
-                             if isinstance(options.starting, dict)
-                             else ("endingOffsets", options.ending))
-            raise SourceOptionError(option, _shown(given),
+            option, given = (_given("startingOffsets", options.starting)
+                             if explicit(options.starting)
+                             else _given("endingOffsets", options.ending))
+            raise SourceOptionError(option, given,
                                     f"partition {topic}[{partition}] would start at offset "
                                     f"{start[tp]}, after its ending offset {end[tp]}")
 
 
-def _shown(spec: object) -> object:
-    """An offsets option as the user wrote it: JSON for offsets given per partition."""
-    return json.dumps(offsets_to_json(spec)) if isinstance(spec, dict) else spec
+def explicit(spec: OffsetsSpec | None) -> bool:
+    """Whether offsets were given per partition or by time, rather than earliest or latest."""
+    return isinstance(spec, (dict, ByTimestamp))
+
+
+def _given(name: str, spec: OffsetsSpec | None) -> tuple[str, object]:
+    """An offsets option as the user named and wrote it: JSON for offsets per partition."""
+    if isinstance(spec, ByTimestamp):
+        return spec.option, spec.raw
+    return name, json.dumps(offsets_to_json(spec)) if isinstance(spec, dict) else spec
 
 
 def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -115,8 +124,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: SourceOptions) -> None:
         if options.ending is not None:
-            raise SourceOptionError("endingOffsets", options.ending,
-                                    "only batch queries accept endingOffsets")
+            option, given = _given("endingOffsets", options.ending)
+            raise SourceOptionError(option, given, f"only batch queries accept {option}")
         self.options = options
         self._broker: Broker | None = None
         self._scans: dict[PartitionKey, Scan] = {}
@@ -282,9 +291,7 @@ class KafkaBatchReader(DataSourceReader):
             tps = broker.partitions(require_all=True)
             start = broker.resolve(self.options.starting or "earliest", tps, "startingOffsets")
             end = broker.resolve(self.options.ending or "latest", tps, "endingOffsets")
-            given = isinstance(self.options.starting, dict) or isinstance(self.options.ending,
-                                                                          dict)
-            if given:
+            if explicit(self.options.starting) or explicit(self.options.ending):
                 check_bounds(start, end, broker.list_offsets(tps, "latest"), self.options)
         finally:
             broker.close()

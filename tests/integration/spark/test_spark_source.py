@@ -161,6 +161,18 @@ def test_schema_is_that_of_sparks_kafka_source(spark: Any, bootstrap: str) -> No
      "redrive.reader"),
     ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "redrive.decodeHeaders": "true"},
      "redrive.decodeHeaders='true': needs includeHeaders"),
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "startingTimestamp": "yesterday"},
+     "startingTimestamp='yesterday': expected a timestamp in milliseconds"),
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t",
+      "endingOffsetsByTimestamp": '{"t": {"0": -5}}'},
+     "endingOffsetsByTimestamp='{\"t\": {\"0\": -5}}': t\\[0\\]: -5 must be"),
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t",
+      "startingOffsetsByTimestampStrategy": "skip"}, "startingOffsetsByTimestampStrategy='skip'"),
+    # Spark's Kafka source plans by these; silently ignored, they would plan otherwise.
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "minPartitions": "8"},
+     "minpartitions='8': not supported"),
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "maxTriggerDelay": "5m"},
+     "maxtriggerdelay='5m': not supported"),
 ])
 def test_bad_options_are_named_in_the_error(spark: Any, options: dict[str, str],
                                             named: str) -> None:
@@ -224,6 +236,58 @@ def test_batch_read_between_offsets(spark: Any, bootstrap: str, new_topic: Any) 
         with pytest.raises(Exception, match=message):
             batch_read(spark, bootstrap, topic, **options).count()
         assert time.monotonic() - started < 30
+
+
+def produce_at(bootstrap: str, topic: str, partition: int, times: list[int]) -> None:
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, f"v{i}".encode(), None, partition=partition, timestamp_ms=at)
+        for i, at in enumerate(times)])
+
+
+def test_reads_from_and_to_a_time(spark: Any, bootstrap: str, new_topic: Any,
+                                  tmp_path: Path) -> None:
+    topic = new_topic(2)
+    t0 = int(time.time() * 1000) - 60_000
+    produce_at(bootstrap, topic, 0, [t0 + i * 1000 for i in range(10)])
+    produce_at(bootstrap, topic, 1, [t0 + i * 1000 + 500 for i in range(10)])
+
+    def read(**options: str) -> list[tuple[int, int]]:
+        rows = batch_read(spark, bootstrap, topic, **options).collect()
+        return sorted((r["partition"], r["offset"]) for r in rows)
+
+    def both(offsets: range) -> list[tuple[int, int]]:
+        return [(p, o) for p in (0, 1) for o in offsets]
+
+    # From the first record at or after the time: offset 3 in both (partition 1's third record
+    # is at t0 + 2500); up to the first at or after the end time, excluded.
+    assert read(startingTimestamp=str(t0 + 3000)) == both(range(3, 10))
+    assert read(startingTimestamp=str(t0 + 3000), endingTimestamp=str(t0 + 6000)) == \
+        both(range(3, 6))
+    # One time per partition; as in Spark, the timestamp options come before startingOffsets.
+    by_partition = json.dumps({topic: {"0": t0 + 8000, "1": t0}})
+    assert read(startingOffsetsByTimestamp=by_partition, startingOffsets="earliest") == \
+        [(0, 8), (0, 9)] + [(1, o) for o in range(10)]
+    # An end past the last record is the partition's end.
+    assert read(endingOffsetsByTimestamp=json.dumps({topic: {"0": t0 + 99_000,
+                                                             "1": t0 + 4000}})) == \
+        [(0, o) for o in range(10)] + [(1, o) for o in range(4)]
+    # A start past the last record fails, naming the partition, unless asked to start at the end.
+    with pytest.raises(Exception, match=f"startingTimestamp='{t0 + 99_000}': partition "
+                       f"{topic}\\[0\\] holds no record at or after"):
+        read(startingTimestamp=str(t0 + 99_000))
+    assert read(startingTimestamp=str(t0 + 9200),
+                startingOffsetsByTimestampStrategy="latest") == [(1, 9)]
+    with pytest.raises(Exception, match=f"startingOffsetsByTimestamp=.*partition {topic}"
+                       "\\[1\\] is not given"):
+        read(startingOffsetsByTimestamp=json.dumps({topic: {"0": t0}}))
+    # A stream starts there too, and later records are all read.
+    collector = Collector()
+    run_available_now(spark, bootstrap, topic, tmp_path / "ck", collector,
+                      startingTimestamp=str(t0 + 7000))
+    assert sorted((r.partition, r.offset) for r in collector.rows) == both(range(7, 10))
+    with pytest.raises(Exception, match=r"endingTimestamp=.*only batch queries"):
+        stream(spark, bootstrap, topic, endingTimestamp=str(t0)).writeStream.format(
+            "noop").start().awaitTermination(30)
 
 
 def test_batch_read_rejects_what_spark_rejects(spark: Any, bootstrap: str) -> None:
