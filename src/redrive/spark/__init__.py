@@ -6,6 +6,7 @@ letters as a DataFrame (dead_letters). Replaying a selection of that table is an
 
 from __future__ import annotations
 
+from redrive.spark.checkpoint import query_id
 from redrive.spark.dead_letter_table import dead_letters
 from redrive.spark.failures import RouteCounts, route_failures
 from redrive.spark.options import SourceOptionError, SourceOptions, kafka_schema
@@ -28,6 +29,7 @@ __all__ = [
     "WriterInputError",
     "dead_letters",
     "kafka_schema",
+    "query_id",
     "register",
     "retry_stream",
     "route_failures",

@@ -31,6 +31,7 @@ from redrive.policy import RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Retry, Route
 from redrive.spark import ledger, poison, tasks
+from redrive.spark.checkpoint import query_id
 from redrive.spark.failures import IDENTITY, ROUTE_HERE_MAX, route_rows, routing_rows
 from redrive.spark.outcomes import (
     DEAD_LETTER,
@@ -52,8 +53,10 @@ log = logging.getLogger("redrive.spark")
 
 Sink = Callable[[Any, int], None] | str
 Transform = Callable[[Any], Any]
-# The column of a path or table sink that keys each row by the batch that wrote it, so that a
-# replayed batch overwrites its own rows instead of adding them again.
+# The columns of a path or table sink that key each row by the query and the batch that wrote
+# it, so that a replayed batch overwrites its own rows instead of adding them again, and a new
+# query's batch 0 (see spark.checkpoint) does not overwrite an earlier query's.
+QUERY_COLUMN = "redrive_query"
 BATCH_COLUMN = "redrive_batch"
 
 
@@ -65,7 +68,7 @@ class BatchBody:
     route_policy: RetryPolicy  # for routing (the backend's, if it has its own)
     sink: Sink
     sink_format: str
-    checkpoint: str  # names the query run in the ledger
+    checkpoint: str  # names the query in the ledger, with its id
     partitions: Mapping[str, int]
     destinations: tuple[str, ...]
     topics: tuple[str, ...] = ()  # the topics the query reads, for the DataFrame form's tally
@@ -77,10 +80,16 @@ class BatchBody:
     # A store or other backend deciding on the driver; only with a classic session, where the
     # body is called in the client's own process and never pickled.
     backend: BoundBackend | None = field(default=None, compare=False)
+    # The query's id, read from its checkpoint at its first batch: a body serves one query.
+    query: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def ledger_topic(self) -> str:
         return ledger.ledger_topic(self.group)
+
+    def _names(self) -> dict[str, str]:
+        """What the ledger's entries name this query by."""
+        return {"checkpoint": self.checkpoint, "query": self.query["id"]}
 
     def __call__(self, frame: Any, batch_id: int) -> None:
         taken: dict[str, int] = {}  # the marks this process took before it first copied
@@ -108,9 +117,11 @@ class BatchBody:
     def _handle(self, frame: Any, batch_id: int, taken: dict[str, int], *,
                 as_rows: bool = True) -> None:
         clock = StepClock()
+        if "id" not in self.query:
+            self.query["id"] = query_id(frame.sparkSession, self.checkpoint)
         previous = ledger.last(self.connection, self.ledger_topic)
         clock.done("ledger")
-        if previous is not None and previous.report.get("checkpoint") != self.checkpoint:
+        if previous is not None and previous.report.get("query") != self.query["id"]:
             previous = None  # another query's batches (a new checkpoint starts at 0 again)
         if previous is not None and previous.batch == batch_id and previous.state == ledger.DONE:
             log.info("pipeline %s: batch %d was handled before a restart", self.group, batch_id)
@@ -121,8 +132,7 @@ class BatchBody:
             # ledger lost the entry: a broker restarted without acknowledged writes (noida-db
             # keeps what it wrote out before a SIGKILL, topic by topic, so copies may outlive
             # the entry before them). Its copies since those marks are this batch's own.
-            resumed = ledger.Entry(batch_id, ledger.ROUTING, dict(taken),
-                                   {"checkpoint": self.checkpoint})
+            resumed = ledger.Entry(batch_id, ledger.ROUTING, dict(taken), self._names())
             ledger.append(self._producer(), self.ledger_topic, resumed)
         report = BatchReport(batch_id)
         if self.backend is not None:
@@ -138,7 +148,7 @@ class BatchBody:
         else:
             report = self._functions(frame, batch_id, {}, resumed, clock, taken)
         report = replace(report, steps=tuple(clock.steps))
-        data = {**report.to_dict(), "checkpoint": self.checkpoint}
+        data = {**report.to_dict(), **self._names()}
         ledger.append(self._producer(), self.ledger_topic, ledger.Entry(batch_id, ledger.DONE,
                                                                          report=data))
 
@@ -297,8 +307,7 @@ class BatchBody:
         process. `failed`, when the batch has counted them, lets few be routed here."""
         already, marks = ledger.begin_routing(
             self.connection, self._producer(), self.ledger_topic, batch_id,
-            {t: self.partitions.get(t, 0) for t in self.destinations}, resumed,
-            {"checkpoint": self.checkpoint})
+            {t: self.partitions.get(t, 0) for t in self.destinations}, resumed, self._names())
         taken.update(marks)
         if resumed is not None and resumed.state == ledger.ROUTING:
             log.info("pipeline %s: batch %d resumes routing; %d copies already written",
@@ -314,15 +323,16 @@ class BatchBody:
         if callable(self.sink):
             self.sink(successes, batch_id)
             return
-        rows = successes.withColumn(BATCH_COLUMN, F.lit(batch_id))
+        rows = (successes.withColumn(QUERY_COLUMN, F.lit(self.query["id"]))
+                .withColumn(BATCH_COLUMN, F.lit(batch_id)))
         writer = (rows.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
                   .format(self.sink_format))
         if "/" in self.sink or ":" in self.sink:
-            writer.partitionBy(BATCH_COLUMN).save(self.sink)
+            writer.partitionBy(QUERY_COLUMN, BATCH_COLUMN).save(self.sink)
         elif rows.sparkSession.catalog.tableExists(self.sink):
             rows.write.insertInto(self.sink, overwrite=True)
         else:
-            writer.partitionBy(BATCH_COLUMN).saveAsTable(self.sink)
+            writer.partitionBy(QUERY_COLUMN, BATCH_COLUMN).saveAsTable(self.sink)
 
     # --- a backend deciding on the driver ------------------------------------------------------
 

@@ -21,6 +21,7 @@ from redrive.arguments import check_instance
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.spark import ledger, tasks
+from redrive.spark.checkpoint import query_id
 from redrive.spark.columns import REDRIVE_COLUMN
 from redrive.spark.ledger import CopyKey
 from redrive.spark.outcomes import DEAD_LETTER, RETRY, Routed
@@ -168,7 +169,8 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     call) copies only what its first run did not: the group's ledger topic keeps where the
     group's retry and dead-letter partitions ended before the batch copied. The checkpoint tells
     the query's batches from another query's (a new checkpoint numbers its batches from 0
-    again). Without them a batch run again copies its failures again, and each is then handled
+    again, even at a path where an earlier one was deleted: the query's id in it tells them
+    apart). Without them a batch run again copies its failures again, and each is then handled
     twice.
     """
     topics.check_name("group", group)
@@ -182,13 +184,15 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
         raise InvalidArgument("checkpoint", checkpoint, "give batch_id and checkpoint (the "
                               "query's checkpointLocation) together: batch ids start again at 0 "
                               "with a new checkpoint")
+    query = (None if checkpoint is None else
+             {"by": _BY, "checkpoint": checkpoint,
+              "query": query_id(batch.sparkSession, checkpoint)})
     rows = routing_rows(batch, error_column, source)
     admin = kafka.admin(connection)
     partitions = kafka.topic_partitions(admin)
     already: frozenset[CopyKey] = frozenset()
-    if batch_id is not None and checkpoint is not None:
-        already = _copied_before(connection, admin, group, policy, partitions, batch_id,
-                                 checkpoint)
+    if batch_id is not None and query is not None:
+        already = _copied_before(connection, admin, group, policy, partitions, batch_id, query)
     return route_rows(rows, connection, group, policy, partitions, already)
 
 
@@ -197,13 +201,12 @@ _BY = "route_failures"  # marks this function's ledger entries apart from RetryP
 
 def _copied_before(connection: kafka.Connection, admin: Any, group: str, policy: RetryPolicy,
                    partitions: dict[str, int], batch_id: int,
-                   checkpoint: str) -> frozenset[CopyKey]:
-    """The copies an earlier run of this batch of this query wrote, found through the group's
-    ledger; on a first run, none, once the routing marks are in the ledger."""
+                   report: dict[str, str]) -> frozenset[CopyKey]:
+    """The copies an earlier run of this batch of this query (named by `report`) wrote, found
+    through the group's ledger; on a first run, none, once the routing marks are in it."""
     name = ledger.ledger_topic(group)
     if name not in partitions:
         kafka.create_topics(admin, {name: 1})
-    report = {"by": _BY, "checkpoint": checkpoint}
     previous = ledger.last(connection, name)
     resumed = previous if (previous is not None and previous.batch == batch_id
                            and dict(previous.report) == report) else None

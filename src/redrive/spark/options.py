@@ -6,7 +6,7 @@ The schema and the option names are those of Spark's built-in Kafka source where
 and `*OffsetsByTimestamp` forms, `maxOffsetsPerTrigger`, `includeHeaders`, `failOnDataLoss`,
 `kafkaConsumer.pollTimeoutMs`);
 redrive's own start with `redrive.` (`redrive.group`, `redrive.gate`, `redrive.gatedTopics`,
-`redrive.gate.scanLimit`, `redrive.reader`, `redrive.decodeHeaders`).
+`redrive.gate.scanLimit`, `redrive.reader`, `redrive.decodeHeaders`, `redrive.resumeTopics`).
 """
 
 from __future__ import annotations
@@ -230,6 +230,22 @@ def _per_partition(name: str, raw: str, topics: Sequence[str], expected: str,
     return spec
 
 
+def _resume_topics(options: Mapping[str, str], topics: Sequence[str],
+                   group: str | None) -> tuple[str, ...]:
+    raw = options.get("redrive.resumetopics")
+    if raw is None:
+        return ()
+    named = tuple(dict.fromkeys(t.strip() for t in str(raw).split(",") if t.strip()))
+    if group is None:
+        raise SourceOptionError("redrive.resumeTopics", raw,
+                                "needs redrive.group: the topics start where that group stands")
+    for topic in named:
+        if topic not in topics:
+            raise SourceOptionError("redrive.resumeTopics", raw,
+                                    f"topic {topic!r} is not in subscribe")
+    return named
+
+
 def _gated_topics(options: Mapping[str, str]) -> tuple[re.Pattern[str], ...] | None:
     raw = options.get("redrive.gatedtopics")
     if raw is None:
@@ -269,6 +285,8 @@ class SourceOptions:
     fetch: bool
     # The `redrive` column, decoded as each batch is read (spark.columns).
     decode_headers: bool = False
+    # Topics a new checkpoint starts where `group` stands, whatever startingOffsets says.
+    resume_topics: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -310,6 +328,8 @@ class SourceOptions:
         if decode_headers and not include_headers:
             raise SourceOptionError("redrive.decodeHeaders", lowered["redrive.decodeheaders"],
                                     "needs includeHeaders=true: the column is decoded from them")
+        group = (lowered.get("redrive.group") or "").strip() or None
+        resume_topics = _resume_topics(lowered, topics, group)
         fetch_unsupported = _fetch_unsupported(overrides)
         if reader == "fetch" and fetch_unsupported:
             raise SourceOptionError("redrive.reader", reader, fetch_unsupported)
@@ -323,7 +343,7 @@ class SourceOptions:
             client_overrides=overrides,
             gate=_flag(lowered, "redrive.gate", True),
             gated_topics=_gated_topics(lowered),
-            group=(lowered.get("redrive.group") or "").strip() or None,
+            group=group,
             fail_on_data_loss=_flag(lowered, "failOnDataLoss", True),
             poll_timeout_s=poll_ms / 1000.0,
             gate_scan_limit=_positive_int(lowered, "redrive.gate.scanLimit") or 200_000,
@@ -331,6 +351,7 @@ class SourceOptions:
             fetch=reader == "fetch" or (reader == "auto" and fetch_reader_built()
                                         and not fetch_unsupported),
             decode_headers=decode_headers,
+            resume_topics=resume_topics,
         )
 
     def gated(self, topic: str) -> bool:

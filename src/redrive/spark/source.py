@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -152,8 +152,22 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             tps = self.broker.partitions(require_all=True)
             start = self.broker.resolve(self.options.starting or "latest", tps,
                                         "startingOffsets")
+            start.update(self._resumed(tps))
             self._initial = offsets_to_json(start)
         return self._initial
+
+    def _resumed(self, tps: Sequence[PartitionKey]) -> Offsets:
+        """Where the resumed topics' partitions start: where redrive.group stands, else at
+        their earliest offset. They hold the group's own unfinished retry copies, which a new
+        checkpoint started at latest would skip, and one at earliest would handle again."""
+        resumed = [tp for tp in tps if tp[0] in self.options.resume_topics]
+        if not resumed:
+            return {}
+        stood = self.broker.group_offsets(resumed)
+        earliest = self.broker.list_offsets(resumed, "earliest")
+        latest = self.broker.list_offsets(resumed, "latest")
+        return {tp: stood[tp] if tp in stood and earliest[tp] <= stood[tp] <= latest[tp]
+                else earliest[tp] for tp in resumed}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is None:

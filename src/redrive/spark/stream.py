@@ -100,6 +100,11 @@ class Subscription:
         # retry topics whatever the backend now.
         gated = [name for name in self.consumed_topics if name not in self.main_topics
                  and (self.topics_backend or name in self.former)]
+        # Retry topics hold the group's own unfinished copies: a new checkpoint goes on where
+        # the group stood on them, whatever starting_offsets says of the main topics.
+        resumed = [name for name in self.consumed_topics if name not in self.main_topics]
+        if resumed:
+            options["redrive.resumeTopics"] = ",".join(resumed)
         if gated:
             options["redrive.gatedTopics"] = ",".join(gated)
         else:

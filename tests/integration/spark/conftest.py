@@ -22,6 +22,7 @@ import select
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -177,3 +178,11 @@ def produce_transactions(bootstrap: str, topic: str, transactional_id: str,
             producer.commit_transaction()
         else:
             producer.abort_transaction()
+
+
+def query_checkpoint(path: Path) -> str:
+    """A checkpoint directory as a started query leaves it, for tests that call a pipeline's
+    foreachBatch body themselves: Spark's metadata file naming a new query id."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}))
+    return str(path)

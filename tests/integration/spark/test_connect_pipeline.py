@@ -120,7 +120,7 @@ def test_route_failures_inside_a_connect_foreach_batch(connect_spark: Any, boots
     # The batch id took the routing marks in the group's ledger from the server's Python.
     entries = [Entry.decode(m.value()) for m in read_all(bootstrap, ledger_topic(group))]
     assert [(e.batch, e.state, e.report) for e in entries] == [
-        (0, ROUTING, {"by": "route_failures", "checkpoint": cp})]
+        (0, ROUTING, {"by": "route_failures", "checkpoint": cp, "query": str(query.id)})]
 
 
 def _own_batch(bootstrap: str, group: str, checkpoint: str) -> Any:

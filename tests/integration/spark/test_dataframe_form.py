@@ -26,7 +26,7 @@ from redrive.oversize import MESSAGE_KEPT
 from redrive.policy import Backoff, DeadLetterLimit, InPlace, RetryPolicy, error_type
 from redrive.record import ErrorInfo
 from redrive.routing import route
-from redrive.spark import RetryPipeline, poison, retry_stream, route_failures
+from redrive.spark import RetryPipeline, poison, query_id, retry_stream, route_failures
 from redrive.spark.batches import BatchBody
 from redrive.spark.columns import arrow_type, with_redrive_column
 from redrive.spark.ledger import DONE, ROUTING, Entry, append, ledger_topic
@@ -36,6 +36,7 @@ from redrive.spark.tally import BatchTally
 from redrive.spark.tasks import record_of
 
 from ..topic_configs import set_record_limit
+from .conftest import query_checkpoint
 from .test_pipeline import read_all
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -521,7 +522,8 @@ def test_route_failures_with_the_batch_id_copies_nothing_twice_when_a_batch_runs
     entries = [Entry.decode(m.value()) for m in read_all(bootstrap, ledger_topic(group))]
     # Another query's batch 0 (a new checkpoint) is not taken for this one's run again.
     assert [(e.batch, e.state, e.report) for e in entries][:1] == [
-        (0, ROUTING, {"by": "route_failures", "checkpoint": cp})]
+        (0, ROUTING, {"by": "route_failures", "checkpoint": cp,
+                      "query": query_id(spark, cp)})]
     assert {tuple(mark.rpartition(":")[::2]) for mark in entries[0].marks} == {
         (f"{topic}.{group}.retry.1s", "0"), (f"{topic}.{group}.dlt", "0")}
 
@@ -536,6 +538,10 @@ def test_route_failures_refuses_a_batch_id_that_is_not_one(spark: Any, bootstrap
     for alone in ({"batch_id": 3}, {"checkpoint": "cp"}, {"batch_id": 3, "checkpoint": ""}):
         with pytest.raises(InvalidArgument, match=r"give batch_id and checkpoint .* together"):
             route_failures(frame, bootstrap, "g", POLICY, **alone)  # type: ignore[arg-type]
+    # A path that is no query's checkpoint would name no query: each batch 0 would look new.
+    with pytest.raises(InvalidArgument, match=r"checkpoint='/no/such/cp': holds no streaming "
+                       "query's metadata"):
+        route_failures(frame, bootstrap, "g", POLICY, batch_id=0, checkpoint="/no/such/cp")
 
 
 def decoded_frame(spark: Any, rows: list[tuple[str, list[tuple[str, bytes]], str]]) -> Any:
@@ -611,7 +617,8 @@ def four_ok_three_bad(spark: Any, bootstrap: str, topic: str, group: str,
     then three the transform fails as not retryable (offsets 4-6)."""
     produce(bootstrap, topic, ["ok"] * 4 + ["bad"] * 3)
     pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
-                             sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"))
+                             sink=str(tmp_path / "out"),
+                             checkpoint=query_checkpoint(tmp_path / "cp"))
     pipeline.ensure_topics()
     frame = spark.read.format("redrive-kafka").options(
         **{"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true",
@@ -632,7 +639,8 @@ def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
     marks = {f"{dlt}:0": kafka.watermarks(consumer, dlt, 0)[1]}
     consumer.close()
     append(kafka.producer(bootstrap), ledger_topic(group),
-           Entry(0, ROUTING, marks, {"checkpoint": body.checkpoint}))
+           Entry(0, ROUTING, marks, {"checkpoint": body.checkpoint,
+                                     "query": query_id(spark, body.checkpoint)}))
     first = transform(frame).where("error IS NOT NULL").select("offset").orderBy("offset").first()
     row = frame.where(f"offset = {first['offset']}").first().asDict()
     decision = route(record_of(row), ErrorInfo("ParseError", "cannot parse"), POLICY, 0,
@@ -646,9 +654,11 @@ def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
     assert sorted(h.read_delivery(kafka.message_headers(m)).original.offset  # type: ignore
                   for m in copies) == [4, 5, 6]
     assert spark.read.parquet(str(tmp_path / "out")).count() == 4
-    # another query's batch 0 into the same sink replaces that batch's rows, adds none
-    replace(body, checkpoint="another")(frame, 0)
-    assert spark.read.parquet(str(tmp_path / "out")).count() == 4
+    # another query's batch 0 into the same sink (a checkpoint made afresh at the same path)
+    # adds its rows, and copies its failures again, beside the first query's
+    replace(body, checkpoint=query_checkpoint(tmp_path / "cp"))(frame, 0)
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 8
+    assert len(read_all(bootstrap, dlt)) == 6
 
 
 def test_a_batch_run_again_after_its_ledger_entry_was_lost_copies_nothing_twice(

@@ -4,6 +4,7 @@ takes the retries that have come due since. On the classic session and on Spark 
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections import Counter
@@ -104,3 +105,40 @@ def test_available_now_takes_no_interval(spark: Any, bootstrap: str) -> None:
                       sink="out", checkpoint="cp", available_now=True,
                       trigger_interval="5 seconds")
 
+
+
+
+def test_a_new_checkpoint_takes_the_retry_topics_where_the_group_stood(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """A checkpoint is often deleted and started afresh at the same path (a changed query).
+    Its startingOffsets are the user's say over the main topics; the retry topics hold the
+    group's own unfinished copies, so they go on where the group stood. Each query is its own:
+    its batch 0 is not taken for the earlier query's, in the ledger or in the sink."""
+    topic = new_topic(partitions=2)
+    group = unique_name("fresh")
+    kinds = ["ok"] * 6 + ["fail1"] * 4
+    produce(bootstrap, topic, kinds)
+    sink, checkpoint = str(tmp_path / "out"), tmp_path / "cp"
+    policy = RetryPolicy(backoff=Backoff.sequence("1s"), not_retryable=ValueError)
+
+    def run(starting: str) -> PipelineStats:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        pipeline = RetryPipeline(spark, bootstrap, topic, group, policy,
+                                 transform=handle_in_sql, sink=sink, checkpoint=str(checkpoint),
+                                 available_now=True, starting_offsets=starting)
+        return pipeline.run(timeout_s=RUN_LIMIT_S)
+
+    first = run("earliest")
+    assert first.succeeded_by_retries == {0: 6} and first.retried_by_attempt == {1: 4}
+    time.sleep(1.5)  # the copies are due
+    # From the latest main offsets: the four copies are still handled, and not before due.
+    second = run("latest")
+    assert second.records == 4
+    assert second.succeeded_by_retries == {1: 4} and second.early == 0
+    # From earliest: the main topic again, as asked, but no copy a second time.
+    third = run("earliest")
+    assert third.records == len(kinds)
+    assert third.succeeded_by_retries == {0: 6} and third.retried_by_attempt == {1: 4}
+    rows = spark.read.parquet(sink).collect()
+    assert Counter(row["attempt"] for row in rows) == {0: 12, 1: 4}
+    assert len({row["redrive_query"] for row in rows}) == 3

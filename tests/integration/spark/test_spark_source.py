@@ -168,6 +168,10 @@ def test_schema_is_that_of_sparks_kafka_source(spark: Any, bootstrap: str) -> No
      "endingOffsetsByTimestamp='{\"t\": {\"0\": -5}}': t\\[0\\]: -5 must be"),
     ({"kafka.bootstrap.servers": "x:1", "subscribe": "t",
       "startingOffsetsByTimestampStrategy": "skip"}, "startingOffsetsByTimestampStrategy='skip'"),
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "redrive.resumeTopics": "t"},
+     "redrive.resumeTopics='t': needs redrive.group"),
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "redrive.group": "g",
+      "redrive.resumeTopics": "t,u"}, "topic 'u' is not in subscribe"),
     # Spark's Kafka source plans by these; silently ignored, they would plan otherwise.
     ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "minPartitions": "8"},
      "minpartitions='8': not supported"),
