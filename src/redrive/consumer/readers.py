@@ -100,6 +100,10 @@ class Readers:
         # Assign-only: it never joins the group, so a static member id is not its to use.
         reader_config = {k: v for k, v in config.items() if k != "group.instance.id"}
         reader_config["enable.partition.eof"] = True  # tells the reader when it may rest
+        # auto.offset.reset is the user's say over the main topics. A retry partition the group
+        # never committed on holds only its own unfinished copies: at latest, a member stopped
+        # before its first commit there would leave them behind for good.
+        reader_config["auto.offset.reset"] = "earliest"
         return cls(member, kafka.consumer(connection, group, reader_config), retry_topics,
                    incremental=incremental)
 

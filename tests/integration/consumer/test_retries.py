@@ -240,3 +240,39 @@ def test_a_handler_that_does_not_await_its_coroutine_fails_its_records_instead_o
         "record was not handled"}
     assert run.total("redrive_processed_total") == 0
     assert run.total("redrive_retried_total") == 2
+
+
+def test_retry_copies_are_read_whatever_auto_offset_reset_says(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
+    """auto.offset.reset is the user's say over the main topics. A retry partition the group
+    has committed nothing on holds only the group's own unfinished copies, so it is read from
+    its start: at `latest`, a member stopped before it committed there left its copies behind."""
+    topic, group = new_topic(partitions=1), unique_name("reset")
+    policy = RetryPolicy(backoff=Backoff.sequence("2s"))
+    config = {**FAST_GROUP, "auto.offset.reset": "latest"}
+    seen = Handled()
+
+    def handler(record: Record) -> None:
+        seen.add(record)
+        if record.value == b"fail" and record.delivery.attempt == 0:
+            raise Transient("first try")
+
+    def consumer() -> RetryingConsumer:
+        return RetryingConsumer(bootstrap, topic, group, policy, handler, config=config)
+
+    first = running(consumer())
+    # At latest, only records produced once the member has its partition are read.
+    deadline = time.monotonic() + 30
+    while first.total("redrive_processed_total") == 0 and time.monotonic() < deadline:
+        produce(bootstrap, topic, [b"warm"])
+        time.sleep(0.5)
+    produce(bootstrap, topic, [b"fail"])
+    wait_until(lambda: first.total("redrive_retried_total") == 1, 20, "the copy")
+    first.stop()  # before the copy is due: nothing committed on the retry partition
+    assert seen.count(b"fail") == 1
+
+    second = running(consumer())
+    wait_until(lambda: seen.count(b"fail") == 2, 30, "the retry handled after the restart")
+    second.stop()
+    retry_topic = plan(policy, topic, group).retry_topic_names[0]
+    assert committed(bootstrap, group, retry_topic) == {0: 1}
