@@ -132,6 +132,12 @@ class DelayService:
             raise InvalidArgument("max_batch", max_batch, "must be >= 1")
         if instance_id == "":
             raise InvalidArgument("instance_id", instance_id, "must not be empty")
+        reset = (consumer_overrides or {}).get("auto.offset.reset", "earliest")
+        if str(reset).lower() not in ("earliest", "smallest", "beginning"):
+            raise InvalidArgument("consumer_overrides", dict(consumer_overrides or {}),
+                                  f"auto.offset.reset={reset!r}: the tiers hold only records "
+                                  "waiting for their due time, which a new service group must "
+                                  "not skip; it reads them from the earliest offset")
         self.connection = connection
         self.tiers = tiers
         self.transactional = transactional

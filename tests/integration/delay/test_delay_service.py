@@ -22,6 +22,7 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.delay import DelayService, Tiers, schedule
 from redrive.delay.service import ensure_topics
+from redrive.errors import InvalidArgument
 
 from ..topic_configs import set_record_limit
 from .conftest import SERVICE_LATENCY_MS, Arrival, Reader, now_ms, running, warm_producer
@@ -157,6 +158,30 @@ def test_at_least_once_mode_forwards_without_transactions(
     reader.close()
     check_once(arrivals, values)
     check_on_time(arrivals, tiers)
+
+
+def test_a_new_service_group_forwards_what_waited_before_it_whatever_the_connection_says(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName) -> None:
+    """Records scheduled before a service group's first start wait in the tiers for it. A
+    connection config shared with other clients may say auto.offset.reset=latest: redrive's
+    consumer defaults come over it, so the tiers are read from their start; an override saying
+    latest is refused by name rather than let skip them."""
+    target = new_topic(1)
+    producer = warm_producer(bootstrap, new_topic())
+    values = {f"w{i}".encode() for i in range(5)}
+    for value in sorted(values):
+        schedule(producer, target, value, delay=0.1, tiers=tiers)
+    producer.flush(10)
+    connection = {"bootstrap.servers": bootstrap, "auto.offset.reset": "latest"}
+    with pytest.raises(InvalidArgument, match=r"consumer_overrides=.*auto.offset.reset='latest'"):
+        DelayService(connection, tiers, consumer_overrides={"auto.offset.reset": "latest"})
+    service = DelayService(connection, tiers, transactional=False, partitions=1,
+                           group_id=unique_name("g"))
+    reader = Reader(bootstrap, target)
+    with running(service):
+        arrivals = reader.read(len(values), timeout_s=15)
+    reader.close()
+    check_once(arrivals, values)
 
 
 def service_process(bootstrap: str, tiers: Tiers, group: str, instance: str,
