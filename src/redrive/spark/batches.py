@@ -12,6 +12,7 @@ the same sink partition over, copies only what its first run did not, and report
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -330,9 +331,25 @@ class BatchBody:
         if "/" in self.sink or ":" in self.sink:
             writer.partitionBy(QUERY_COLUMN, BATCH_COLUMN).save(self.sink)
         elif rows.sparkSession.catalog.tableExists(self.sink):
-            rows.write.insertInto(self.sink, overwrite=True)
+            self._overwrite_partition(successes, batch_id)
         else:
             writer.partitionBy(QUERY_COLUMN, BATCH_COLUMN).saveAsTable(self.sink)
+
+    def _overwrite_partition(self, successes: Any, batch_id: int) -> None:
+        """Put the batch in an existing table (made by the first batch, or by the user) in place
+        of its own partition, named in full. An overwrite through DataFrameWriter.insertInto
+        follows spark.sql.sources.partitionOverwriteMode, static by default, where it empties
+        the whole table: a table the user made kept only the last batch (the writer's own
+        partitionOverwriteMode option is not read there)."""
+        spark = successes.sparkSession
+        view = f"redrive_batch_{uuid.uuid4().hex}"
+        successes.createOrReplaceTempView(view)
+        try:
+            spark.sql(f"INSERT OVERWRITE TABLE {self.sink} PARTITION ({QUERY_COLUMN} = "
+                      f"'{self.query['id']}', {BATCH_COLUMN} = {int(batch_id)}) "
+                      f"SELECT * FROM {view}")
+        finally:
+            spark.catalog.dropTempView(view)
 
     # --- a backend deciding on the driver ------------------------------------------------------
 

@@ -142,3 +142,31 @@ def test_a_new_checkpoint_takes_the_retry_topics_where_the_group_stood(
     rows = spark.read.parquet(sink).collect()
     assert Counter(row["attempt"] for row in rows) == {0: 12, 1: 4}
     assert len({row["redrive_query"] for row in rows}) == 3
+
+
+@pytest.mark.parametrize("made_by", ["pipeline", "user"])
+def test_a_table_sink_keeps_every_batch(spark: Any, bootstrap: str, new_topic: Any,
+                                        unique_name: Any, tmp_path: Path, made_by: str) -> None:
+    """A table sink, made by the first batch or by the user beforehand, partitioned by query
+    and batch: each batch overwrites its own partition only, whatever the session's
+    spark.sql.sources.partitionOverwriteMode (static by default, where an overwrite empties the
+    whole table)."""
+    topic = new_topic(partitions=1)
+    group = unique_name("table")
+    produce(bootstrap, topic, ["ok"] * 9)
+    table = unique_name("sink").replace("-", "_")
+    if made_by == "user":
+        spark.sql(f"CREATE TABLE {table} (key STRING, attempt INT, late_ms BIGINT, "
+                  "topic STRING, partition INT, offset BIGINT, redrive_query STRING, "
+                  "redrive_batch INT) USING parquet PARTITIONED BY (redrive_query, redrive_batch)")
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=handle_in_sql,
+                             sink=table, checkpoint=str(tmp_path / "cp"), available_now=True,
+                             max_offsets_per_trigger=3)
+    try:
+        stats = pipeline.run(timeout_s=RUN_LIMIT_S)
+        assert stats.batches == 3 and stats.succeeded == 9
+        rows = spark.table(table).collect()
+        assert sorted(row["key"] for row in rows) == sorted(f"k{i}" for i in range(9))
+        assert sorted(row["redrive_batch"] for row in rows) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {table}")
