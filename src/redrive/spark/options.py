@@ -45,7 +45,6 @@ FETCH_MISSING = ("the fetch reader (redrive.spark._fetchread) is not built: it n
 READERS = ("auto", "fetch", "native", "python")
 
 
-
 @dataclass(frozen=True)
 class ByTimestamp:
     """Offsets found by time, as Spark's Kafka source reads its `*Timestamp` options: in each
