@@ -7,8 +7,8 @@ than by a job of their own: a job's fixed cost is about half a second to a secon
 was a third of a 2,000-record batch's time. A record without redrive's headers (attempt 0, no
 due time, no group, nothing malformed: most of them) is only counted, per topic; each other row
 adds one number to a list, its class packed into a long. Should the metrics be missing (a sink
-function that ran no action over its rows), or a row's topic not be one the query reads, the
-same figures come from a job of their own.
+function that ran no action over its rows, a table sink on Spark Connect), or a row's topic not
+be one the query reads, the same figures come from a job of their own.
 """
 
 from __future__ import annotations
@@ -84,7 +84,10 @@ class BatchTally:
         """The observed tally, or one counted by a job when there is none."""
         of_batch = observed(self._of_batch) if self._of_batch is not None else None
         of_output = observed(self._of_output) if self._of_output is not None else None
-        if of_batch is None or of_output is None or of_batch["elsewhere"]:
+        # On Spark Connect, a write by SQL over a view of the observed rows (a table sink that
+        # exists) hands back metrics without these names: taken as missing.
+        if (of_batch is None or of_output is None or "elsewhere" not in of_batch
+                or "errors" not in of_output or of_batch["elsewhere"]):
             return self.counted_by_job(frame, output, error_column)
         classes: Counter[tuple[str, int, str]] = Counter()
         early: Counter[tuple[str, int, str]] = Counter()

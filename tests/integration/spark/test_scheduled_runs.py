@@ -144,13 +144,16 @@ def test_a_new_checkpoint_takes_the_retry_topics_where_the_group_stood(
     assert len({row["redrive_query"] for row in rows}) == 3
 
 
-@pytest.mark.parametrize("made_by", ["pipeline", "user"])
-def test_a_table_sink_keeps_every_batch(spark: Any, bootstrap: str, new_topic: Any,
-                                        unique_name: Any, tmp_path: Path, made_by: str) -> None:
+@pytest.mark.parametrize(("session", "made_by"), [("spark", "pipeline"), ("spark", "user"),
+                                                  ("connect_spark", "user")])
+def test_a_table_sink_keeps_every_batch(request: Any, bootstrap: str, new_topic: Any,
+                                        unique_name: Any, tmp_path: Path, session: str,
+                                        made_by: str) -> None:
     """A table sink, made by the first batch or by the user beforehand, partitioned by query
     and batch: each batch overwrites its own partition only, whatever the session's
     spark.sql.sources.partitionOverwriteMode (static by default, where an overwrite empties the
     whole table)."""
+    spark = request.getfixturevalue(session)
     topic = new_topic(partitions=1)
     group = unique_name("table")
     produce(bootstrap, topic, ["ok"] * 9)
