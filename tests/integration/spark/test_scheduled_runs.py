@@ -1,6 +1,7 @@
 """RetryPipeline run as a scheduled job (`available_now=True`): each run reads what its topics
 hold and is due at its start, then stops by itself; the next run, from the same checkpoint,
-takes the retries that have come due since. On the classic session and on Spark Connect."""
+takes the retries that have come due since. On the classic session and on Spark Connect. And
+what such jobs meet: a checkpoint deleted and made again, a table sink made by the user."""
 
 from __future__ import annotations
 
