@@ -241,6 +241,14 @@ class Broker:
                 return
         scan.clear_to = max(scan.clear_to, reader.position(tp))
 
+    def resume_points(self, tps: Sequence[PartitionKey], earliest: Mapping[PartitionKey, int],
+                      latest: Mapping[PartitionKey, int]) -> Offsets:
+        """Where each partition goes on from: where redrive.group stands on it, when that lies
+        within the partition, else its earliest offset."""
+        stood = self.group_offsets(tps)
+        return {tp: stood[tp] if tp in stood and earliest[tp] <= stood[tp] <= latest[tp]
+                else earliest[tp] for tp in tps}
+
     def group_offsets(self, tps: Sequence[PartitionKey]) -> Offsets:
         """Where redrive.group stands on these partitions (those it committed on)."""
         group = self.options.group

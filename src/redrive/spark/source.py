@@ -163,11 +163,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         resumed = [tp for tp in tps if tp[0] in self.options.resume_topics]
         if not resumed:
             return {}
-        stood = self.broker.group_offsets(resumed)
-        earliest = self.broker.list_offsets(resumed, "earliest")
-        latest = self.broker.list_offsets(resumed, "latest")
-        return {tp: stood[tp] if tp in stood and earliest[tp] <= stood[tp] <= latest[tp]
-                else earliest[tp] for tp in resumed}
+        return self.broker.resume_points(resumed, self.broker.list_offsets(resumed, "earliest"),
+                                         self.broker.list_offsets(resumed, "latest"))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is None:
@@ -214,11 +211,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # batch's start is a recorded value and replays read the same: where redrive.group
         # stands on it (a topic back in the subscription, whose offsets the checkpoint dropped:
         # a retry topic of a policy brought back), else at its earliest offset.
-        entering = [tp for tp in tps if tp not in begin]
-        stood = broker.group_offsets(entering)
-        for tp in entering:
-            at = stood.get(tp, earliest[tp])
-            end[tp] = at if earliest[tp] <= at <= latest[tp] else earliest[tp]
+        end.update(broker.resume_points([tp for tp in tps if tp not in begin], earliest, latest))
         known = {tp: begin[tp] for tp in tps if tp in begin}
         ceiling: Offsets = {}
         for tp, offset in known.items():
