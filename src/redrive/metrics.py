@@ -145,6 +145,10 @@ class Metrics:
         self._broker_up = Gauge("redrive_broker_up",
                                 "1 while the runtime reaches its brokers, 0 during an outage",
                                 base, registry=self.registry)
+        self._lost = Counter("redrive_lost_offsets",
+                             "Offsets of retry or delay topics deleted before the group read "
+                             "them (retention): at most this many records lost",
+                             [*base, "topic"], registry=self.registry)
         self._oldest = Gauge("redrive_oldest_pending_retry_seconds",
                              "Age of the oldest retry waiting to become due", base,
                              registry=self.registry)
@@ -182,6 +186,9 @@ class Metrics:
 
     def reclaimed(self, count: int) -> None:
         self._reclaimed.labels(self.runtime, self.group).inc(count)
+
+    def lost(self, topic: str, count: int) -> None:
+        self._child(self._lost, topic).inc(count)
 
     def retried_in_place(self, topic: str, count: int = 1) -> None:
         self._child(self._in_place, topic).inc(count)

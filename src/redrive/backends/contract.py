@@ -51,6 +51,11 @@ class BoundBackend(abc.ABC):
         """Create what the group needs on the cluster; return warnings to log."""
         return []
 
+    def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
+        """The topics the group's copies wait in, each with the longest a copy waits there
+        (ms): their retention must be longer (see redrive.retention)."""
+        return {}
+
     def policy_for(self, topic: str, default: RetryPolicy) -> RetryPolicy:
         return default
 

@@ -76,6 +76,9 @@ class _DelayQueueBound(BoundBackend):
             warnings.extend(str(mismatch) for mismatch in report.mismatched)
         return warnings
 
+    def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
+        return self.tiers.waits
+
     def failed(self, record: Record, decision: Route,
                partitions: Mapping[str, int]) -> kafka.OutRecord | None:
         if isinstance(decision, DeadLetter):

@@ -31,6 +31,10 @@ class _TopicsBound(BoundBackend):
             warnings.extend(str(mismatch) for mismatch in report.mismatched)
         return warnings
 
+    def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
+        return {retry.name: retry.delay_ms for plan in plans.values()
+                for retry in plan.retry_topics}
+
     def failed(self, record: Record, decision: Route,
                partitions: Mapping[str, int]) -> kafka.OutRecord | None:
         if decision.topic is None:

@@ -34,6 +34,8 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
 
 from redrive import kafka
+from redrive.metrics import Metrics
+from redrive.retention import report_gone
 
 log = logging.getLogger("redrive.consumer")
 
@@ -64,8 +66,12 @@ class Readers:
     """The member and, when the group has retry topics, the reader of its retry partitions."""
 
     def __init__(self, member: Consumer, reader: Consumer | None,
-                 retry_topics: Collection[str], *, incremental: bool) -> None:
+                 retry_topics: Collection[str], *, incremental: bool,
+                 metrics: Metrics | None = None, group: str = "") -> None:
         self.member = member
+        # Where lost copies are reported when the group takes retry partitions (none: unchecked).
+        self._metrics = metrics
+        self._group = group
         self._incremental = incremental  # the group's rebalance protocol is cooperative
         self.reader = reader
         self._retry_topics = frozenset(retry_topics) if reader is not None else frozenset()
@@ -90,7 +96,7 @@ class Readers:
 
     @classmethod
     def open(cls, connection: kafka.Connection, group: str, config: Mapping[str, Any],
-             retry_topics: Collection[str]) -> Readers:
+             retry_topics: Collection[str], metrics: Metrics) -> Readers:
         """The member of `group` and, if there are retry topics, their reader."""
         member = kafka.consumer(connection, group, config)
         incremental = (config.get("group.protocol") == "consumer"
@@ -105,7 +111,7 @@ class Readers:
         # before its first commit there would leave them behind for good.
         reader_config["auto.offset.reset"] = "earliest"
         return cls(member, kafka.consumer(connection, group, reader_config), retry_topics,
-                   incremental=incremental)
+                   incremental=incremental, metrics=metrics, group=group)
 
     @property
     def reading_retries(self) -> bool:
@@ -132,6 +138,9 @@ class Readers:
         else:
             self.member.assign(list(partitions))
         self.member.pause(retry)
+        if self._metrics is not None:
+            report_gone(self.member, [(str(p.topic), int(p.partition)) for p in retry],
+                        self._metrics, f"group {self._group}")
         # OFFSET_INVALID: start at the group's committed offset (auto.offset.reset if none).
         self.reader.incremental_assign([TopicPartition(p.topic, p.partition, OFFSET_INVALID)
                                         for p in retry])

@@ -48,7 +48,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from redrive import gate, kafka
+from redrive import gate, kafka, retention
 from redrive import headers as h
 from redrive.arguments import check_function, check_instance, check_int, check_positive
 from redrive.backends import BoundBackend, RetryBackend, RetryTopics, Verdict
@@ -116,10 +116,9 @@ class RetryingConsumer:
                  transactional_id: str | None = None, metrics_port: int | None = None,
                  metrics: Metrics | None = None, config: Mapping[str, Any] | None = None,
                  producer_config: Mapping[str, Any] | None = None, create_topics: bool = True,
-                 batch_size: int = DEFAULT_BATCH_SIZE,
+                 batch_size: int = DEFAULT_BATCH_SIZE, retry_backend: RetryBackend | None = None,
                  poll_timeout_s: float = DEFAULT_POLL_TIMEOUT_S,
-                 timeout_s: float = DEFAULT_TIMEOUT_S,
-                 retry_backend: RetryBackend | None = None) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.topics = check_names("topics", topics)
         self.group = check_name("group", group)
         check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
@@ -207,6 +206,7 @@ class RetryingConsumer:
             self._partitions = kafka.topic_partitions(admin)
             if missing := [name for name in self.subscribed if name not in self._partitions]:
                 raise UnknownTopic(missing[0])
+            retention.check(admin, self._backend.waits(self.plans))
             self._main_of.update(former_retry_topics(
                 self._connection, self.group, self.topics, self._main_of, self._partitions))
         except BaseException:
@@ -221,7 +221,7 @@ class RetryingConsumer:
         retry_topics = [name for name, main in self._main_of.items() if name != main]
         self._consumer = Readers.open(self._connection, self.group,
                                       {**self._config, "on_commit": self._committed},
-                                      retry_topics)
+                                      retry_topics, self.metrics)
         self._committer = Committer(self.group, self._consumer, self._backend, self.metrics,
                                     self._assigned, self._timeout_s, self.health,
                                     producer=producer, make_producer=self._new_producer,

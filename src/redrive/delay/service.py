@@ -35,7 +35,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from redrive import gate, kafka
+from redrive import gate, kafka, retention
 from redrive import headers as h
 from redrive.clock import now_ms
 from redrive.delay.schedule import check_target
@@ -187,6 +187,7 @@ class DelayService:
     def _start(self) -> None:
         if self.create_topics:
             ensure_topics(self._watched, self.tiers, self.partitions)
+        retention.check(kafka.admin(self._watched), self.tiers.waits)
         if self._metrics_port is not None:
             self.metrics.serve(self._metrics_port)
         consumer_settings = dict(CONSUMER_SETTINGS)
@@ -226,6 +227,8 @@ class DelayService:
         consumer.assign(partitions)
         for tp in partitions:
             self._tiers[(tp.topic, tp.partition)] = self.tiers.by_topic(tp.topic)
+        retention.report_gone(consumer, [(tp.topic, tp.partition) for tp in partitions],
+                              self.metrics, f"delay service {self.group_id}")
         self.metrics.rebalanced("assign")
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
         self._report_paused()

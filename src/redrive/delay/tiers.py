@@ -84,6 +84,11 @@ class Tiers:
         return [tier.topic for tier in self.tiers]
 
     @property
+    def waits(self) -> dict[str, int]:
+        """Each tier's topic with the longest a record waits there (ms): the tier's delay."""
+        return {tier.topic: tier.delay_ms for tier in self.tiers}
+
+    @property
     def owned_topics(self) -> list[str]:
         """Every topic of the service: a record must never be scheduled back into one of them."""
         return [*self.topics, self.dead_letter]

@@ -18,6 +18,7 @@ from redrive.kafka.admin import (
     group_members,
     partition_count,
     record_limits,
+    retentions,
     topic_partitions,
     watermarks,
 )
@@ -43,5 +44,6 @@ __all__ = [
     "OutRecord", "PartitionKey", "admin", "admin_beside", "check_reachable", "client_config",
     "consumer", "consumer_config", "create_topics", "delete_topics", "group_members",
     "message_headers", "partition_count", "produce", "produce_acked", "produce_confirmed",
-    "producer", "producer_config", "record_limits", "topic_partitions", "watermarks",
+    "producer", "producer_config", "record_limits", "retentions", "topic_partitions",
+    "watermarks",
 ]

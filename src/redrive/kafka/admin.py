@@ -84,12 +84,32 @@ def record_limits(admin_: AdminClient, topics: Sequence[str],
                   timeout_s: float = 10.0) -> dict[str, RecordLimit]:
     """Each topic's record size limit. A topic whose configs the cluster does not describe to
     this client (unknown, or not authorised) is left out; raises BrokerUnavailable."""
+    own = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    return {name: RecordLimit(int(value), source == own)
+            for name, (value, source) in _topic_config(admin_, topics, RECORD_LIMIT,
+                                                       timeout_s).items()}
+
+
+# How long a topic keeps a record, in ms (-1: for ever).
+RETENTION = "retention.ms"
+
+
+def retentions(admin_: AdminClient, topics: Sequence[str],
+               timeout_s: float = 10.0) -> dict[str, int]:
+    """Each topic's `retention.ms`, as record_limits leaves topics out."""
+    return {name: int(value)
+            for name, (value, _) in _topic_config(admin_, topics, RETENTION, timeout_s).items()}
+
+
+def _topic_config(admin_: AdminClient, topics: Sequence[str], config: str,
+                  timeout_s: float) -> dict[str, tuple[str, int]]:
+    """Each topic's value of `config`, and where it comes from (a ConfigSource value)."""
     if not topics:
         return {}
     futures = admin_.describe_configs([ConfigResource(ResourceType.TOPIC, name)
                                        for name in dict.fromkeys(topics)],
                                       request_timeout=timeout_s)
-    limits: dict[str, RecordLimit] = {}
+    found: dict[str, tuple[str, int]] = {}
     for resource, future in futures.items():
         try:
             entries = future.result(timeout=timeout_s)
@@ -101,11 +121,10 @@ def record_limits(admin_: AdminClient, topics: Sequence[str],
             if isinstance(error, KafkaError) and error.code() in _UNANSWERED:
                 raise BrokerUnavailable(_bootstrap(admin_), str(error)) from exc
             continue
-        entry = entries.get(RECORD_LIMIT)
+        entry = entries.get(config)
         if entry is not None and entry.value is not None:
-            limits[resource.name] = RecordLimit(
-                int(entry.value), entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
-    return limits
+            found[resource.name] = (entry.value, entry.source)
+    return found
 
 
 def group_members(admin_: AdminClient, group: str, timeout_s: float = 10.0) -> int | None:

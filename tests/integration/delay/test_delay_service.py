@@ -385,3 +385,40 @@ def test_a_record_its_target_refuses_is_tried_at_growing_intervals_and_goes_once
         arrivals = reader.read(1, timeout_s=15)
     reader.close()
     assert [arrival.value for arrival in arrivals] == [b"v" * 20_000]
+
+
+def test_records_deleted_from_the_tiers_while_no_service_ran_are_reported_as_lost(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A service group stopped for longer than a tier's retention finds the records it never
+    forwarded gone: it says which offsets and counts them in redrive_lost_offsets, then forwards
+    what is left."""
+    target = new_topic()
+    ensure_topics(bootstrap, tiers, partitions=1)
+    producer = warm_producer(bootstrap, new_topic())
+    for i in range(5):
+        schedule(producer, target, f"gone{i}".encode(), tiers=tiers, delay=3.0)  # the 1s tier
+    assert producer.flush(10) == 0
+    hop = tiers.topics[1]
+    end = kafka.watermarks(kafka.consumer(bootstrap), hop, 0)[1]
+    assert end == 5
+    admin = kafka.admin(bootstrap)
+    for future in admin.delete_records([TopicPartition(hop, 0, end)]).values():
+        future.result(10)
+    kept = {f"kept{i}".encode() for i in range(3)}
+    for value in sorted(kept):
+        schedule(producer, target, value, tiers=tiers, delay=0.1)
+    assert producer.flush(10) == 0
+    service = DelayService(bootstrap, tiers, transactional=False, partitions=1,
+                           group_id=unique_name("g"))
+    reader = Reader(bootstrap, target)
+    with caplog.at_level(logging.ERROR, logger="redrive.retention"), running(service):
+        arrivals = reader.read(len(kept), timeout_s=15, idle_s=4.0)  # past the lost ones' due
+    reader.close()
+    check_once(arrivals, kept)
+    lost = [message for message in caplog.messages if "no longer holds" in message]
+    assert len(lost) == 1, caplog.messages
+    assert lost[0].startswith(f"delay service {service.group_id}: {hop}[0] no longer holds "
+                              "offsets 0 to 4, which the group had not committed")
+    assert service.metrics.value("redrive_lost_offsets_total", topic=hop) == 5
+    assert service.metrics.total("redrive_lost_offsets_total") == 5

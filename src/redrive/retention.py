@@ -1,0 +1,75 @@
+"""Copies wait in Kafka: a retry topic holds a copy until it falls due, a delay tier holds a
+record for the tier's delay. A topic that deletes records sooner (its `retention.ms`) loses them
+without a word: the original was committed when its copy was written, and the topic's reader
+goes on from the earliest offset left.
+
+`check` refuses, before a runtime starts, a topic that keeps records no longer than they wait
+in it. What it cannot prevent, a group stopped for longer than the retention, `report_gone`
+tells when the group takes the partitions again: a log line naming the offsets and the
+`redrive_lost_offsets` metric. It does not stop the runtime: nobody can read those records any
+more, and the partition's other records are still to be handled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+
+from redrive import kafka
+from redrive.errors import RedriveError
+from redrive.kafka.admin import partition_offsets
+from redrive.kafka.records import PartitionKey
+from redrive.metrics import Metrics
+from redrive.policy import format_ms
+
+log = logging.getLogger("redrive.retention")
+
+
+class RetentionTooShort(RedriveError):
+    """A topic where records wait deletes them before they are due."""
+
+    def __init__(self, topic: str, retention_ms: int, wait_ms: int) -> None:
+        self.topic = topic
+        self.retention_ms = retention_ms
+        self.wait_ms = wait_ms
+        super().__init__(
+            f"topic {topic!r} has retention.ms={retention_ms} ({format_ms(retention_ms)}), no "
+            f"longer than the {format_ms(wait_ms)} a record waits there: each would be deleted "
+            f"before it is due. Raise retention.ms on {topic!r} well above "
+            f"{format_ms(wait_ms)} (what waits there while its group is stopped for longer "
+            "than that is lost too), or shorten the delay")
+
+
+def check(admin: AdminClient, waits: Mapping[str, int]) -> None:
+    """Raise RetentionTooShort for the first topic whose retention is no longer than the wait
+    (ms) given for it. Topics the cluster does not describe to this client are not judged."""
+    found = kafka.retentions(admin, list(waits))
+    for topic, wait_ms in waits.items():
+        retention = found.get(topic, -1)
+        if 0 <= retention <= wait_ms:
+            raise RetentionTooShort(topic, retention, wait_ms)
+
+
+def report_gone(group_consumer: Consumer, tps: list[PartitionKey], metrics: Metrics,
+                who: str) -> dict[PartitionKey, int]:
+    """Log and count, for partitions of the group's own that `group_consumer`'s group takes,
+    the offsets it never committed past that the partition no longer holds; return how many,
+    by partition. Every record of such a partition is the group's (its retry topics, the
+    service's tiers), so from offset 0 when it never committed there. Transaction markers take
+    offsets too: at most that many records."""
+    gone: dict[PartitionKey, int] = {}
+    for (topic, partition), found in partition_offsets(group_consumer, tps).items():
+        start = found.committed or 0
+        if found.low <= start:
+            continue
+        gone[(topic, partition)] = found.low - start
+        log.error("%s: %s[%d] no longer holds offsets %d to %d, which the group had not "
+                  "committed: deleted (retention.ms, or DeleteRecords) while it was stopped or "
+                  "behind. Their originals were committed when they were written: up to %d "
+                  "record(s) lost. Reading on from offset %d", who, topic, partition, start,
+                  found.low - 1, found.low - start, found.low)
+        metrics.lost(topic, found.low - start)
+    return gone
