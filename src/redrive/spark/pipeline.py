@@ -87,6 +87,7 @@ class RetryPipeline:
         available_now: bool = False,
         starting_offsets: str = "earliest",
         max_offsets_per_trigger: int | None = None,
+        fail_on_data_loss: bool = True,
         metrics_port: int | None = None,
         on_batch: Callable[[int, PipelineStats], None] | None = None,
         retry_backend: RetryBackend | None = None,
@@ -108,7 +109,8 @@ class RetryPipeline:
                                   "an available_now run has no interval: it reads what is there "
                                   "and stops; give one or the other")
         self.spark = spark
-        self.subscription = Subscription(connection, topics_, group, policy, retry_backend)
+        self.subscription = Subscription(connection, topics_, group, policy, retry_backend,
+                                         fail_on_data_loss=fail_on_data_loss)
         self.connection = connection
         self.main_topics = self.subscription.main_topics
         self.group = self.subscription.group

@@ -59,7 +59,8 @@ class DataLoss(RedriveError):
         self.topic = topic
         self.partition = partition
         super().__init__(f"data loss on {topic}[{partition}]: {why}; set option "
-                         "failOnDataLoss=false to continue from what is left")
+                         "failOnDataLoss=false (fail_on_data_loss=False of RetryPipeline "
+                         "and retry_stream) to continue from what is left")
 
 
 def _check_named(spec: Mapping[PartitionKey, int], tps: Sequence[PartitionKey], option: str,
@@ -246,8 +247,20 @@ class Broker:
         """Where each partition goes on from: where redrive.group stands on it, when that lies
         within the partition, else its earliest offset."""
         stood = self.group_offsets(tps)
+        for tp, offset in stood.items():
+            if offset < earliest[tp]:  # records the group had not read were deleted
+                self.data_loss(tp, offset, earliest[tp], latest[tp])
         return {tp: stood[tp] if tp in stood and earliest[tp] <= stood[tp] <= latest[tp]
                 else earliest[tp] for tp in tps}
+
+    def data_loss(self, tp: PartitionKey, offset: int, earliest: int, latest: int) -> None:
+        """Records the query had to read from `offset` on are gone: fail, or with
+        failOnDataLoss=false say so and go on."""
+        why = (f"the next offset to read is {offset} but the partition now holds "
+               f"[{earliest}, {latest})")
+        if self.options.fail_on_data_loss:
+            raise DataLoss(tp[0], tp[1], why)
+        log.warning("data loss on %s[%d]: %s", tp[0], tp[1], why)
 
     def group_offsets(self, tps: Sequence[PartitionKey]) -> Offsets:
         """Where redrive.group stands on these partitions (those it committed on)."""

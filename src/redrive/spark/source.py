@@ -43,7 +43,6 @@ from redrive.spark.options import (
 )
 from redrive.spark.planning import (
     Broker,
-    DataLoss,
     Offsets,
     Scan,
     offsets_from_json,
@@ -219,7 +218,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self._target is not None:
                 top = min(top, self._target.get(tp, offset))
             if top < offset or offset < earliest[tp]:
-                self._on_data_loss(tp, offset, earliest[tp], latest[tp])
+                broker.data_loss(tp, offset, earliest[tp], latest[tp])
             ceiling[tp] = max(top, offset)
         if isinstance(limit, ReadMaxRows):
             ceiling = rate_limit(known, ceiling, limit.max_rows)
@@ -230,14 +229,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 stop = self._gate(tp, offset, stop, now)
             end[tp] = stop
         return offsets_to_json(end)
-
-    def _on_data_loss(self, tp: PartitionKey, offset: int, earliest: int,
-                      latest: int) -> None:
-        why = (f"the next offset to read is {offset} but the partition now holds "
-               f"[{earliest}, {latest})")
-        if self.options.fail_on_data_loss:
-            raise DataLoss(tp[0], tp[1], why)
-        log.warning("data loss on %s[%d]: %s", tp[0], tp[1], why)
 
     def _gate(self, tp: PartitionKey, begin: int, stop: int, now_ms: int) -> int:
         scan = self._scans.get(tp)

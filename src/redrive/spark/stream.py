@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from redrive import kafka, topics
+from redrive import kafka, retention, topics
 from redrive.arguments import check_instance
 from redrive.backends import BoundBackend, RetryBackend, RetryTopics
 from redrive.errors import InvalidArgument
@@ -24,8 +24,13 @@ class Subscription:
     """What one group reads and where its failures go, checked before anything starts."""
 
     def __init__(self, connection: kafka.Connection, topics_: str | Sequence[str], group: str,
-                 policy: RetryPolicy, retry_backend: RetryBackend | None = None) -> None:
+                 policy: RetryPolicy, retry_backend: RetryBackend | None = None, *,
+                 fail_on_data_loss: bool = True) -> None:
         self.connection = connection
+        # Spark's failOnDataLoss: whether records gone before they were read (retention, the
+        # group stopped too long) stop the query, or are logged and skipped.
+        check_instance("fail_on_data_loss", fail_on_data_loss, bool, "True or False")
+        self.fail_on_data_loss = fail_on_data_loss
         self.main_topics = [topics_] if isinstance(topics_, str) else list(topics_)
         if not self.main_topics:
             raise InvalidArgument("topics", topics_, "name at least one topic")
@@ -75,10 +80,12 @@ class Subscription:
 
     def ensure_topics(self) -> dict[str, int]:
         """Create what the retry backend needs, and find the retry topics of an earlier policy
-        that still hold records, to be read too; return every topic's partition count."""
+        that still hold records, to be read too; return every topic's partition count.
+        Refuses retry topics that would delete copies before they are due."""
         admin = kafka.admin(self.connection)
         for warning in self.backend.prepare(admin, self.plans):
             log.warning("pipeline %s: %s", self.group, warning)
+        retention.check(admin, self.backend.waits(self.plans))
         partitions = kafka.topic_partitions(admin)
         self.former = topics.former_retry_topics(self.connection, self.group, self.main_topics,
                                                  self._planned_topics, partitions)
@@ -94,6 +101,7 @@ class Subscription:
             "startingOffsets": starting_offsets,
             "includeHeaders": "true",
             "redrive.group": self.group,
+            "failOnDataLoss": str(self.fail_on_data_loss).lower(),
         })
         # Only retry copies carry due times; scanning the main topics would only cost. A store's
         # scheduler publishes a copy only once it is due; an earlier policy's copies wait in its
@@ -133,15 +141,19 @@ class Subscription:
 def retry_stream(spark: Any, connection: kafka.Connection, topics_: str | Sequence[str],
                  group: str, policy: RetryPolicy, *, retry_backend: RetryBackend | None = None,
                  starting_offsets: str = "earliest",
-                 max_offsets_per_trigger: int | None = None) -> Any:
+                 max_offsets_per_trigger: int | None = None,
+                 fail_on_data_loss: bool = True) -> Any:
     """The streaming DataFrame `group` handles: its main topics and retry topics (created if
     missing), each retry admitted only once due, with the Kafka columns and `redrive` (attempt,
     first_failure, original_topic/partition/offset/timestamp, due, group, target, malformed).
 
     Rows whose `redrive.malformed` is set must not be treated as successes: `route_failures`
-    dead-letters them whatever your error column says.
+    dead-letters them whatever your error column says. `fail_on_data_loss` is Spark's
+    failOnDataLoss: with False, records deleted before the query read them are logged and skipped
+    instead of stopping it.
     """
-    subscription = Subscription(connection, topics_, group, policy, retry_backend)
+    subscription = Subscription(connection, topics_, group, policy, retry_backend,
+                                fail_on_data_loss=fail_on_data_loss)
     subscription.ensure_topics()
     frame = subscription.stream(spark, starting_offsets, max_offsets_per_trigger)
     return frame.where(subscription.mine(frame))

@@ -20,7 +20,8 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, RetryPolicy
-from redrive.spark import PipelineStats, RetryPipeline
+from redrive.retention import RetentionTooShort
+from redrive.spark import PipelineStats, RetryPipeline, retry_stream
 
 from .test_pipeline import handle_in_sql, produce, read_all
 
@@ -143,6 +144,60 @@ def test_a_new_checkpoint_takes_the_retry_topics_where_the_group_stood(
     rows = spark.read.parquet(sink).collect()
     assert Counter(row["attempt"] for row in rows) == {0: 12, 1: 4}
     assert len({row["redrive_query"] for row in rows}) == 3
+
+
+def test_a_retry_topic_that_deletes_copies_before_they_are_due_is_refused_before_a_query(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    topic, group = new_topic(), unique_name("short")
+    retry_topic = new_topic(name=f"{topic}.{group}.retry.8s", config={"retention.ms": "8000"})
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=handle_in_sql,
+                             sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"),
+                             available_now=True)
+    with pytest.raises(RetentionTooShort, match=f"{retry_topic!r} has retention.ms=8000"):
+        pipeline.run(timeout_s=RUN_LIMIT_S)
+    with pytest.raises(RetentionTooShort, match="no longer than the 8s a record waits there"):
+        retry_stream(spark, bootstrap, topic, group, POLICY)
+    assert not (tmp_path / "cp").exists()  # no query started
+
+
+def test_copies_deleted_before_a_new_checkpoint_read_them_stop_it_unless_told_to_go_on(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """Retry copies the group had not read, deleted (retention, DeleteRecords) before a new
+    checkpoint starts: the query fails naming them, as Spark's failOnDataLoss does, unless the
+    pipeline is told fail_on_data_loss=False; then it goes on from what is left."""
+    topic = new_topic(partitions=2)
+    group = unique_name("deleted")
+    produce(bootstrap, topic, ["ok"] * 6 + ["fail1"] * 4)
+    sink, checkpoint = str(tmp_path / "out"), tmp_path / "cp"
+    retry_topic = f"{topic}.{group}.retry.8s"
+
+    def run(**options: Any) -> PipelineStats:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY,
+                                 transform=handle_in_sql, sink=sink, checkpoint=str(checkpoint),
+                                 available_now=True, **options)
+        return pipeline.run(timeout_s=RUN_LIMIT_S)
+
+    first = run()
+    assert first.retried_by_attempt == {1: 4}
+    assert committed(bootstrap, group, retry_topic, 2) == [0, 0]
+    reader = kafka.consumer(bootstrap)
+    ends = [kafka.watermarks(reader, retry_topic, p)[1] for p in (0, 1)]
+    reader.close()
+    assert sum(ends) == 4
+    admin = kafka.admin(bootstrap)
+    for future in admin.delete_records([TopicPartition(retry_topic, p, end)
+                                        for p, end in enumerate(ends)]).values():
+        future.result(10)
+
+    with pytest.raises(Exception, match=f"data loss on {retry_topic}") as failed:
+        run(starting_offsets="latest")
+    assert "the next offset to read is 0 but the partition now holds" in str(failed.value)
+    assert "fail_on_data_loss=False" in str(failed.value)
+
+    going_on = run(starting_offsets="latest", fail_on_data_loss=False)
+    assert going_on.records == 0
+    assert committed(bootstrap, group, retry_topic, 2) == ends
 
 
 @pytest.mark.parametrize(("session", "made_by"), [("spark", "pipeline"), ("spark", "user"),
