@@ -4,10 +4,12 @@ without a word: the original was committed when its copy was written, and the to
 goes on from the earliest offset left.
 
 `check` refuses, before a runtime starts, a topic that keeps records no longer than they wait
-in it. What it cannot prevent, a group stopped for longer than the retention, `report_gone`
-tells when the group takes the partitions again: a log line naming the offsets and the
-`redrive_lost_offsets` metric. It does not stop the runtime: nobody can read those records any
-more, and the partition's other records are still to be handled.
+in it, and one that compacts them: compaction keeps only the last record of each key, so a copy
+waiting behind a later one with the same key would go. What it cannot prevent, a group stopped
+for longer than the retention, `report_gone` tells when the group takes the partitions again: a
+log line naming the offsets and the `redrive_lost_offsets` metric. It does not stop the runtime:
+nobody can read those records any more, and the partition's other records are still to be
+handled.
 """
 
 from __future__ import annotations
@@ -43,14 +45,30 @@ class RetentionTooShort(RedriveError):
             "than that is lost too), or shorten the delay")
 
 
+class CompactedTopic(RedriveError):
+    """A topic where records wait compacts them: copies of one key replace each other."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(
+            f"topic {topic!r} has cleanup.policy=compact: compaction keeps only the last record "
+            "of each key, so a copy waiting there would be removed once a later record with "
+            f"its key arrives. Set cleanup.policy=delete on {topic!r}")
+
+
 def check(admin: AdminClient, waits: Mapping[str, int]) -> None:
-    """Raise RetentionTooShort for the first topic whose retention is no longer than the wait
-    (ms) given for it. Topics the cluster does not describe to this client are not judged."""
-    found = kafka.retentions(admin, list(waits))
+    """Raise CompactedTopic or RetentionTooShort for the first topic that compacts, or keeps
+    records no longer than the wait (ms) given for it. Topics the cluster does not describe to
+    this client are not judged."""
+    found = kafka.keeping(admin, list(waits))
     for topic, wait_ms in waits.items():
-        retention = found.get(topic, -1)
-        if 0 <= retention <= wait_ms:
-            raise RetentionTooShort(topic, retention, wait_ms)
+        kept = found.get(topic)
+        if kept is None:
+            continue
+        if kept.compacts:
+            raise CompactedTopic(topic)
+        if kept.deletes and 0 <= kept.retention_ms <= wait_ms:
+            raise RetentionTooShort(topic, kept.retention_ms, wait_ms)
 
 
 def report_gone(group_consumer: Consumer, tps: list[PartitionKey], metrics: Metrics,

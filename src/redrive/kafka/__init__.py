@@ -16,9 +16,9 @@ from redrive.kafka.admin import (
     create_topics,
     delete_topics,
     group_members,
+    keeping,
     partition_count,
     record_limits,
-    retentions,
     topic_partitions,
     watermarks,
 )
@@ -42,8 +42,7 @@ from redrive.kafka.records import Delivered, OutRecord, PartitionKey, message_he
 __all__ = [
     "CONSUMER_DEFAULTS", "PRODUCER_DEFAULTS", "Admin", "ClientConfig", "Connection", "Delivered",
     "OutRecord", "PartitionKey", "admin", "admin_beside", "check_reachable", "client_config",
-    "consumer", "consumer_config", "create_topics", "delete_topics", "group_members",
+    "consumer", "consumer_config", "create_topics", "delete_topics", "group_members", "keeping",
     "message_headers", "partition_count", "produce", "produce_acked", "produce_confirmed",
-    "producer", "producer_config", "record_limits", "retentions", "topic_partitions",
-    "watermarks",
+    "producer", "producer_config", "record_limits", "topic_partitions", "watermarks",
 ]

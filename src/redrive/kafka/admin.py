@@ -85,31 +85,43 @@ def record_limits(admin_: AdminClient, topics: Sequence[str],
     """Each topic's record size limit. A topic whose configs the cluster does not describe to
     this client (unknown, or not authorised) is left out; raises BrokerUnavailable."""
     own = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
-    return {name: RecordLimit(int(value), source == own)
-            for name, (value, source) in _topic_config(admin_, topics, RECORD_LIMIT,
-                                                       timeout_s).items()}
+    return {name: RecordLimit(int(configs[RECORD_LIMIT][0]), configs[RECORD_LIMIT][1] == own)
+            for name, configs in _topic_configs(admin_, topics, timeout_s).items()
+            if RECORD_LIMIT in configs}
 
 
-# How long a topic keeps a record, in ms (-1: for ever).
-RETENTION = "retention.ms"
+@dataclass(frozen=True)
+class Keeping:
+    """How long a topic keeps records (`retention.ms`, -1: for ever; applied only where its
+    `cleanup.policy` deletes), and whether it compacts them (keeping the last record per key)."""
+
+    retention_ms: int
+    deletes: bool
+    compacts: bool
 
 
-def retentions(admin_: AdminClient, topics: Sequence[str],
-               timeout_s: float = 10.0) -> dict[str, int]:
-    """Each topic's `retention.ms`, as record_limits leaves topics out."""
-    return {name: int(value)
-            for name, (value, _) in _topic_config(admin_, topics, RETENTION, timeout_s).items()}
+def keeping(admin_: AdminClient, topics: Sequence[str],
+            timeout_s: float = 10.0) -> dict[str, Keeping]:
+    """Each topic's Keeping, as record_limits leaves topics out."""
+    kept: dict[str, Keeping] = {}
+    for name, configs in _topic_configs(admin_, topics, timeout_s).items():
+        if "retention.ms" in configs:
+            policy = configs.get("cleanup.policy", ("delete", 0))[0].replace(" ", "").split(",")
+            kept[name] = Keeping(int(configs["retention.ms"][0]), "delete" in policy,
+                                 "compact" in policy)
+    return kept
 
 
-def _topic_config(admin_: AdminClient, topics: Sequence[str], config: str,
-                  timeout_s: float) -> dict[str, tuple[str, int]]:
-    """Each topic's value of `config`, and where it comes from (a ConfigSource value)."""
+def _topic_configs(admin_: AdminClient, topics: Sequence[str],
+                   timeout_s: float) -> dict[str, dict[str, tuple[str, int]]]:
+    """Each topic's configs that have a value, each with where it comes from (a ConfigSource
+    value)."""
     if not topics:
         return {}
     futures = admin_.describe_configs([ConfigResource(ResourceType.TOPIC, name)
                                        for name in dict.fromkeys(topics)],
                                       request_timeout=timeout_s)
-    found: dict[str, tuple[str, int]] = {}
+    found: dict[str, dict[str, tuple[str, int]]] = {}
     for resource, future in futures.items():
         try:
             entries = future.result(timeout=timeout_s)
@@ -121,9 +133,8 @@ def _topic_config(admin_: AdminClient, topics: Sequence[str], config: str,
             if isinstance(error, KafkaError) and error.code() in _UNANSWERED:
                 raise BrokerUnavailable(_bootstrap(admin_), str(error)) from exc
             continue
-        entry = entries.get(config)
-        if entry is not None and entry.value is not None:
-            found[resource.name] = (entry.value, entry.source)
+        found[resource.name] = {name: (entry.value, entry.source)
+                                for name, entry in entries.items() if entry.value is not None}
     return found
 
 

@@ -1,6 +1,7 @@
 """Copies deleted before they are handled are never lost in silence: a retry topic or delay tier
-that keeps records no longer than they wait there is refused at start, and copies a stopped group
-had not read when they were deleted are reported when it takes the partitions again."""
+that keeps records no longer than they wait there, or compacts them, is refused at start, and
+copies a stopped group had not read when they were deleted are reported when it takes the
+partitions again."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from redrive.consumer import RetryingConsumer
 from redrive.delay import DelayService, Tiers
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
-from redrive.retention import RetentionTooShort
+from redrive.retention import CompactedTopic, RetentionTooShort
 from redrive.topics import plan
 
 from .conftest import FAST_GROUP, Handled, Running, committed, produce, topic_size, wait_until
@@ -57,6 +58,16 @@ def test_a_retry_topic_that_deletes_copies_before_they_are_due_is_refused_at_sta
     accepted = RetryingConsumer(bootstrap, topic, longer, POLICY, fail_first, config=FAST_GROUP)
     accepted.start()
     accepted.close()
+
+    # A compacting retry topic would drop a waiting copy once a later one of its key came.
+    compacting = unique_name("compacting")
+    compacted = new_topic(name=plan(POLICY, topic, compacting).retry_topic_names[0],
+                          config={"cleanup.policy": "compact"})
+    refused = RetryingConsumer(bootstrap, topic, compacting, POLICY, fail_first,
+                               config=FAST_GROUP)
+    with pytest.raises(CompactedTopic, match=f"{compacted!r} has cleanup.policy=compact"):
+        refused.start()
+    refused.close()
 
 
 def test_a_delay_tier_that_deletes_records_before_their_delay_is_refused(
