@@ -88,6 +88,11 @@ class TopicPlan:
         return [topic.name for topic in self.retry_topics]
 
     @property
+    def waits(self) -> dict[str, int]:
+        """Each retry topic with the time (ms) its copies wait there."""
+        return {topic.name: topic.delay_ms for topic in self.retry_topics}
+
+    @property
     def consumed_topics(self) -> list[str]:
         """What the group reads: the main topic and its retry topics."""
         return [self.topic, *self.retry_topic_names]

@@ -90,6 +90,15 @@ def test_topics_create_command(bootstrap: str, new_topic: Any, unique_name: Any)
                                        "--group", group, "--bootstrap", bootstrap])
     assert unknown.exit_code == 2
     assert f"unknown topic '{source}-missing'" in unknown.output
+    # A retry topic made beforehand that would delete the copies before they are due.
+    short = unique_name("short")
+    new_topic(name=f"{source}.{short}.retry.10s", partitions=2, config={"retention.ms": "9000"})
+    refused = CliRunner().invoke(cli, ["topics", "create", "--topic", source, "--group", short,
+                                       "--backoff", "1s,10s", "--bootstrap", bootstrap])
+    assert refused.exit_code == 2
+    assert refused.output.count("created") == 2  # retry.1s and dlt: the rest is made
+    assert (f"topic '{source}.{short}.retry.10s' has retention.ms=9000 (9s), no longer than "
+            "the 10s a record waits there") in refused.output
 
 
 def test_a_routed_retry_copy_as_kcat_sees_it(bootstrap: str, new_topic: Any,

@@ -32,8 +32,7 @@ class _TopicsBound(BoundBackend):
         return warnings
 
     def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
-        return {retry.name: retry.delay_ms for plan in plans.values()
-                for retry in plan.retry_topics}
+        return {name: wait for plan in plans.values() for name, wait in plan.waits.items()}
 
     def failed(self, record: Record, decision: Route,
                partitions: Mapping[str, int]) -> kafka.OutRecord | None:

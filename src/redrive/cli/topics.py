@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from redrive import kafka, topics
+from redrive import kafka, retention, topics
 from redrive.backends.delay_queue import own_topics
 from redrive.cli.formatting import table
 from redrive.cli.options import bootstrap_option, policy_from_options, policy_options, with_options
@@ -83,13 +83,16 @@ def topics_plan(topic: str, group: str, spark: bool, delay_tiers: str | None,
               help="Replication factor of new topics (default: the broker's).")
 def topics_create(topic: str, group: str, bootstrap: str, partitions: int | None,
                   replication_factor: int, **policy_args: Any) -> None:
-    """Create the plan's missing topics and report those whose partitions are too few."""
+    """Create the plan's missing topics and report those whose partitions are too few; fail
+    when a retry topic would delete or compact copies before they are due."""
     policy = policy_from_options(**policy_args)
     plan = topics.plan(policy, topic, group)
-    report = topics.ensure_topics(kafka.admin(bootstrap), plan, partitions=partitions,
+    admin = kafka.admin(bootstrap)
+    report = topics.ensure_topics(admin, plan, partitions=partitions,
                                   replication_factor=replication_factor)
     rows = [[name, "created" if name in report.created else "exists"]
             for name in plan.created_topics]
     click.echo(table(["topic", "status"], rows))
     for mismatch in report.mismatched:
         click.echo(f"warning: {mismatch}", err=True)
+    retention.check(admin, plan.waits)
