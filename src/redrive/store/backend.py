@@ -20,7 +20,7 @@ from redrive.policy import RetryPolicy
 from redrive.record import Origin, Record
 from redrive.routing import DeadLetter, Retry, Route
 from redrive.store.rows import Coordinates, Entry, RecordState, Success, stored_headers
-from redrive.store.schema import DEAD, IN_FLIGHT, MODES, PARKED, PAYLOAD, PENDING
+from redrive.store.schema import DEAD, IN_FLIGHT, MODES, PARKED, PAYLOAD, PENDING, REFERENCE
 from redrive.store.store import RetryStore
 
 
@@ -88,6 +88,18 @@ class _StoreBound(BoundBackend):
                 needed = max((counts.get(topic, 1) for topic in plans), default=1)
                 kafka.create_topics(admin, {inbox: needed})
         return []
+
+    def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
+        if self.backend.mode != REFERENCE:
+            return {}
+        # A reference is read back from the main topic at every retry: the original waits
+        # there until the last one is due.
+        waits: dict[str, int] = {}
+        for topic, plan in plans.items():
+            own = (self.backend.policies or {}).get(topic)
+            waits[topic] = sum(own.retry_delays_ms()) if own is not None else sum(
+                retry.delay_ms * len(retry.retries) for retry in plan.retry_topics)
+        return waits
 
     def policy_for(self, topic: str, default: RetryPolicy) -> RetryPolicy:
         return (self.backend.policies or {}).get(topic, default)

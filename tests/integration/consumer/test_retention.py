@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -18,6 +19,8 @@ from redrive.delay import DelayService, Tiers
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.retention import CompactedTopic, RetentionTooShort
+from redrive.store import RetryStore, StoreBackend
+from redrive.store.schema import REFERENCE
 from redrive.topics import plan
 
 from .conftest import FAST_GROUP, Handled, Running, committed, produce, topic_size, wait_until
@@ -137,3 +140,28 @@ def test_copies_deleted_while_the_group_was_stopped_are_reported_when_it_comes_b
     deliveries = [(record.key, record.delivery.attempt) for record, _ in seen.calls]
     assert sorted(deliveries) == sorted((f"new{i}".encode(), attempt)
                                         for i in range(4) for attempt in (0, 1))
+
+
+def test_a_store_keeping_references_refuses_a_main_topic_that_deletes_them_before_the_last_retry(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, tmp_path: Path) -> None:
+    """In reference mode the store keeps only where a record is and reads it back from the main
+    topic at each retry: the original must outlast every delay of the policy."""
+    policy = RetryPolicy(backoff=Backoff.sequence("2s,3s"))  # the last retry 5 s on
+    topic = new_topic(config={"retention.ms": "5000"})
+    store = RetryStore(str(tmp_path / "store.db"))
+    try:
+        by_reference = RetryingConsumer(
+            bootstrap, topic, unique_name("ref"), policy, fail_first, config=FAST_GROUP,
+            retry_backend=StoreBackend(store, mode=REFERENCE))
+        with pytest.raises(RetentionTooShort,
+                           match=f"{topic!r} has retention.ms=5000 .* the 5s a record waits"):
+            by_reference.start()
+        by_reference.close()
+        # With the payload in the store, the main topic's retention does not matter.
+        by_payload = RetryingConsumer(bootstrap, topic, unique_name("payload"), policy,
+                                      fail_first, config=FAST_GROUP,
+                                      retry_backend=StoreBackend(store))
+        by_payload.start()
+        by_payload.close()
+    finally:
+        store.close()
