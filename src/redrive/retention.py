@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from redrive import kafka
@@ -77,9 +77,16 @@ def report_gone(group_consumer: Consumer, tps: list[PartitionKey], metrics: Metr
     the offsets it never committed past that the partition no longer holds; return how many,
     by partition. Every record of such a partition is the group's (its retry topics, the
     service's tiers), so from offset 0 when it never committed there. Transaction markers take
-    offsets too: at most that many records."""
+    offsets too: at most that many records. Called in a rebalance callback: a broker that does
+    not answer is logged, not raised (reading goes on as it would without the check)."""
+    try:
+        offsets = partition_offsets(group_consumer, tps)
+    except KafkaException as exc:
+        log.warning("%s: could not check %d partition(s) for records deleted before they were "
+                    "read: %s", who, len(tps), exc.args[0])
+        return {}
     gone: dict[PartitionKey, int] = {}
-    for (topic, partition), found in partition_offsets(group_consumer, tps).items():
+    for (topic, partition), found in offsets.items():
         start = found.committed or 0
         if found.low <= start:
             continue

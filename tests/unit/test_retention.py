@@ -3,13 +3,16 @@ record waits there, and its cleanup policy."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from redrive import kafka, retention
 from redrive.kafka.admin import Keeping
+from redrive.metrics import Metrics
 from redrive.retention import CompactedTopic, RetentionTooShort
 
 
@@ -59,3 +62,50 @@ def test_topics_the_cluster_does_not_describe_are_not_judged(
     with pytest.raises(RetentionTooShort, match=r"'b' has retention\.ms=10 "):
         retention.check("admin", {"a": 60_000, "b": 60_000})  # type: ignore[arg-type]
     retention.check("admin", {"a": 60_000})  # type: ignore[arg-type]
+
+
+class FakeGroupConsumer:
+    """Committed offsets and watermarks of a few partitions, as a group's consumer reports them."""
+
+    def __init__(self, committed: dict[tuple[str, int], int], lows: dict[tuple[str, int], int],
+                 down: bool = False) -> None:
+        self._committed, self._lows, self._down = committed, lows, down
+
+    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        if self._down:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
+        return [TopicPartition(tp.topic, tp.partition,
+                               self._committed.get((tp.topic, tp.partition), -1001))
+                for tp in tps]
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+        return self._lows[(tp.topic, tp.partition)], 100
+
+
+def test_offsets_deleted_past_what_the_group_committed_are_logged_and_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    lows = {("r", 0): 10, ("r", 1): 10, ("r", 2): 10, ("r", 3): 0}
+    # Committed before the deleted ones, at them, past them; never committed (from 0).
+    committed = {("r", 0): 4, ("r", 1): 10, ("r", 2): 12}
+    metrics = Metrics("consumer", "g")
+    with caplog.at_level(logging.ERROR, logger="redrive.retention"):
+        gone = retention.report_gone(FakeGroupConsumer(committed, lows | {("r", 4): 7}),
+                                     [*lows, ("r", 4)], metrics, "group g")  # type: ignore[arg-type]
+    assert gone == {("r", 0): 6, ("r", 4): 7}
+    assert metrics.value("redrive_lost_offsets_total", topic="r") == 13
+    assert [message.split(", which")[0] for message in caplog.messages] == [
+        "group g: r[0] no longer holds offsets 4 to 9",
+        "group g: r[4] no longer holds offsets 0 to 6"]
+
+
+def test_a_broker_that_does_not_answer_leaves_the_check_undone_without_raising(
+        caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics("consumer", "g")
+    with caplog.at_level(logging.WARNING, logger="redrive.retention"):
+        gone = retention.report_gone(FakeGroupConsumer({}, {}, down=True), [("r", 0)], metrics,
+                                     "group g")  # type: ignore[arg-type]
+    assert gone == {}
+    assert metrics.total("redrive_lost_offsets_total") == 0
+    assert caplog.messages == ["group g: could not check 1 partition(s) for records deleted "
+                               "before they were read: KafkaError{code=_TIMED_OUT,val=-185,"
+                               "str=\"timed out\"}"]
