@@ -52,8 +52,8 @@ class CompactedTopic(RedriveError):
         self.topic = topic
         super().__init__(
             f"topic {topic!r} has cleanup.policy=compact: compaction keeps only the last record "
-            "of each key, so a copy waiting there would be removed once a later record with "
-            f"its key arrives. Set cleanup.policy=delete on {topic!r}")
+            "of each key, so a record waiting there for its retry would be removed once a later "
+            f"record with its key arrives. Set cleanup.policy=delete on {topic!r}")
 
 
 def check(admin: AdminClient, waits: Mapping[str, int]) -> None:

@@ -38,7 +38,7 @@ from redrive.spark.batches import BatchBody, Sink, Transform
 from redrive.spark.failures import check_transform_output
 from redrive.spark.outcomes import OK, RETRY, SKIPPED, BatchReport, PipelineStats
 from redrive.spark.sql import is_remote
-from redrive.spark.stream import Subscription
+from redrive.spark.stream import Starting, Subscription, starting_option
 
 log = logging.getLogger("redrive.spark")
 
@@ -85,7 +85,7 @@ class RetryPipeline:
         sink_format: str = "parquet",
         trigger_interval: str | None = None,
         available_now: bool = False,
-        starting_offsets: str = "earliest",
+        starting_offsets: Starting = "earliest",
         max_offsets_per_trigger: int | None = None,
         fail_on_data_loss: bool = True,
         metrics_port: int | None = None,
@@ -146,6 +146,7 @@ class RetryPipeline:
         self.error_column = error_column
         self.trigger_interval = trigger_interval or "1 second"
         self.available_now = available_now
+        starting_option(starting_offsets)  # a bad value is refused here rather than at run()
         self.starting_offsets = starting_offsets
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.on_batch = on_batch

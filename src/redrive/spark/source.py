@@ -149,9 +149,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # the records produced meanwhile would fall outside both batches.
         if self._initial is None:
             tps = self.broker.partitions(require_all=True)
-            start = self.broker.resolve(self.options.starting or "latest", tps,
+            resumed = self._resumed(tps)
+            # startingOffsets (or its timestamp forms) name the other topics' partitions only.
+            start = self.broker.resolve(self.options.starting or "latest",
+                                        [tp for tp in tps if tp not in resumed],
                                         "startingOffsets")
-            start.update(self._resumed(tps))
+            start.update(resumed)
             self._initial = offsets_to_json(start)
         return self._initial
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from redrive import kafka, retention, topics
@@ -18,6 +19,26 @@ from redrive.spark.failures import check_no_brake
 from redrive.spark.sql import functions
 
 log = logging.getLogger("redrive.spark")
+
+
+# Where a new checkpoint starts on the main topics: "earliest", "latest", Spark's JSON of offsets
+# per partition, or a time (an aware datetime): each partition's first record at or after it.
+Starting = str | datetime
+
+
+def starting_option(starting: Starting) -> dict[str, str]:
+    """The source option saying `starting`: startingOffsets, or startingTimestamp for a time."""
+    if isinstance(starting, datetime):
+        if starting.tzinfo is None:
+            raise InvalidArgument("starting_offsets", starting,
+                                  "a datetime must say its time zone (for example "
+                                  "datetime(2026, 11, 27, 9, tzinfo=timezone.utc))")
+        return {"startingTimestamp": str(int(starting.timestamp() * 1000))}
+    if not isinstance(starting, str):
+        raise InvalidArgument("starting_offsets", starting,
+                              "expected 'earliest', 'latest', offsets as Spark's JSON, or a "
+                              "datetime")
+    return {"startingOffsets": starting}
 
 
 class Subscription:
@@ -92,13 +113,13 @@ class Subscription:
         self.main_of.update(self.former)
         return partitions
 
-    def source_options(self, starting_offsets: str = "earliest",
+    def source_options(self, starting_offsets: Starting = "earliest",
                        max_offsets_per_trigger: int | None = None) -> dict[str, str]:
         config = kafka.client_config(self.connection)
         options = {f"kafka.{key}": str(value) for key, value in config.items()}
         options.update({
             "subscribe": ",".join(self.consumed_topics),
-            "startingOffsets": starting_offsets,
+            **starting_option(starting_offsets),
             "includeHeaders": "true",
             "redrive.group": self.group,
             "failOnDataLoss": str(self.fail_on_data_loss).lower(),
@@ -121,7 +142,7 @@ class Subscription:
             options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
         return options
 
-    def stream(self, spark: Any, starting_offsets: str = "earliest",
+    def stream(self, spark: Any, starting_offsets: Starting = "earliest",
                max_offsets_per_trigger: int | None = None) -> Any:
         """The source's streaming DataFrame with the `redrive` column, every record included."""
         from redrive.spark.source import register
@@ -140,7 +161,7 @@ class Subscription:
 
 def retry_stream(spark: Any, connection: kafka.Connection, topics_: str | Sequence[str],
                  group: str, policy: RetryPolicy, *, retry_backend: RetryBackend | None = None,
-                 starting_offsets: str = "earliest",
+                 starting_offsets: Starting = "earliest",
                  max_offsets_per_trigger: int | None = None,
                  fail_on_data_loss: bool = True) -> Any:
     """The streaming DataFrame `group` handles: its main topics and retry topics (created if

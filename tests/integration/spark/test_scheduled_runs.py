@@ -5,10 +5,12 @@ what such jobs meet: a checkpoint deleted and made again, a table sink made by t
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +146,37 @@ def test_a_new_checkpoint_takes_the_retry_topics_where_the_group_stood(
     rows = spark.read.parquet(sink).collect()
     assert Counter(row["attempt"] for row in rows) == {0: 12, 1: 4}
     assert len({row["redrive_query"] for row in rows}) == 3
+
+
+def test_a_new_checkpoint_starts_the_main_topic_at_a_time_or_at_given_offsets(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """starting_offsets as a time (Spark's startingTimestamp) or as Spark's JSON of offsets,
+    which names the main topic's partitions only: the retry topics start where the group
+    stands whatever it says."""
+    topic, group = new_topic(partitions=1), unique_name("since")
+    produce(bootstrap, topic, ["ok"] * 4)
+    time.sleep(1.1)
+    since = datetime.now(UTC)
+    time.sleep(0.1)
+    produce(bootstrap, topic, ["ok"] * 4, start=4)
+    sink, checkpoint = tmp_path / "out", tmp_path / "cp"
+
+    def run(starting: Any) -> list[str]:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        shutil.rmtree(sink, ignore_errors=True)
+        pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY,
+                                 transform=handle_in_sql, sink=str(sink),
+                                 checkpoint=str(checkpoint), available_now=True,
+                                 starting_offsets=starting)
+        pipeline.run(timeout_s=RUN_LIMIT_S)
+        return sorted(row["key"] for row in spark.read.parquet(str(sink)).collect())
+
+    assert run(since) == ["k4", "k5", "k6", "k7"]
+    assert run(json.dumps({topic: {"0": 2}})) == [f"k{i}" for i in range(2, 8)]
+    with pytest.raises(InvalidArgument, match="a datetime must say its time zone"):
+        RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=handle_in_sql,
+                      sink=str(sink), checkpoint=str(checkpoint), available_now=True,
+                      starting_offsets=datetime(2026, 11, 27, 9))
 
 
 def test_a_retry_topic_that_deletes_copies_before_they_are_due_is_refused_before_a_query(
