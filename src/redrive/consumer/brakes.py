@@ -11,14 +11,18 @@ import logging
 import shlex
 from collections import deque
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+from confluent_kafka import KafkaException
 
 from redrive import kafka
 from redrive.clock import now_ms
 from redrive.control import ResumeWatch
+from redrive.errors import RedriveError
 from redrive.kafka.holds import Hold, Holds, Pausable, Why
 from redrive.kafka.records import PartitionKey
 from redrive.metrics import Metrics
-from redrive.policy import DeadLetterLimit
+from redrive.policy import DeadLetterLimit, format_ms
 from redrive.record import Record
 
 log = logging.getLogger("redrive.consumer")
@@ -82,10 +86,13 @@ class Brake:
     """
 
     def __init__(self, limit: DeadLetterLimit, group: str, metrics: Metrics,
-                 watch: Callable[[], ResumeWatch], bootstrap: str) -> None:
+                 watch: Callable[[], ResumeWatch], bootstrap: str,
+                 retention_of: Callable[[str], int | None] = lambda topic: None) -> None:
         self.limit = limit
         self.group = group
         self.bootstrap = bootstrap  # for the resume command the warning prints
+        # A held partition's records are still deleted by retention: the warning says by when.
+        self._retention_of = retention_of
         self._metrics = metrics
         self._new_watch = watch
         self._watch: ResumeWatch | None = None
@@ -96,7 +103,8 @@ class Brake:
     def of(cls, limit: DeadLetterLimit, group: str, metrics: Metrics,
            connection: kafka.Connection) -> Brake:
         bootstrap = str(kafka.client_config(connection)["bootstrap.servers"])
-        return cls(limit, group, metrics, lambda: ResumeWatch(connection, group), bootstrap)
+        return cls(limit, group, metrics, lambda: ResumeWatch(connection, group), bootstrap,
+                   lambda topic: deleting_after(connection, topic))
 
     def _window(self, tp: PartitionKey) -> Window:
         window = self._windows.get(tp)
@@ -127,10 +135,20 @@ class Brake:
         then = ("until resumed" if cool_off is None else f"for {cool_off / 1000:g} s or until "
                 "resumed")
         log.warning("group %s: dead-letter brake stopped %s[%d] at offset %d (%s); held %s: "
-                    "redrive resume -b %s --group %s --topic %s --partition %d",
+                    "redrive resume -b %s --group %s --topic %s --partition %d%s",
                     self.group, tp[0], tp[1], record.offset, self.limit.describe(), then,
-                    shlex.quote(self.bootstrap), self.group, tp[0], tp[1])
+                    shlex.quote(self.bootstrap), self.group, tp[0], tp[1],
+                    self._deadline(tp[0], record))
         return True
+
+    def _deadline(self, topic: str, record: Record) -> str:
+        retention = self._retention_of(topic)
+        if retention is None or record.timestamp_ms <= 0:  # no timestamp: no date to give
+            return ""
+        at = datetime.fromtimestamp((record.timestamp_ms + retention) / 1000, UTC)
+        return (f". {topic} deletes records after retention.ms={retention} "
+                f"({format_ms(retention)}): resume before {at:%Y-%m-%d %H:%M:%S} UTC, when the "
+                "held record and those behind it start to go unhandled")
 
     def poll_resumes(self, consumer: Pausable, holds: Holds) -> list[PartitionKey]:
         """Release the stopped partitions that resume requests since the trip cover."""
@@ -163,3 +181,15 @@ class Brake:
         if self._watch is not None:
             self._watch.close()
             self._watch = None
+
+
+def deleting_after(connection: kafka.Connection, topic: str) -> int | None:
+    """The topic's retention.ms where it deletes records by time; None where it keeps them for
+    ever, or cannot be told (the warning is then made without it)."""
+    try:
+        kept = kafka.keeping(kafka.admin(connection), [topic], timeout_s=5).get(topic)
+    except (RedriveError, KafkaException):
+        return None
+    if kept is None or not kept.deletes or kept.retention_ms < 0:
+        return None
+    return kept.retention_ms

@@ -4,6 +4,8 @@ tests/integration/consumer/test_brake.py runs it on a broker)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -154,6 +156,34 @@ def test_a_cool_off_releases_the_stop_and_a_success_ends_a_run_of_dead_letters()
     brake.released(released)
     assert not brake.stopped
     assert not brake.stops(consumer, holds, B, record(B, 4), "orders")
+
+
+def test_the_warning_says_by_when_a_resume_keeps_retention_from_deleting_the_held_records(
+        caplog: pytest.LogCaptureFixture) -> None:
+    asked: list[str] = []
+
+    def retention_of(topic: str) -> int | None:
+        asked.append(topic)
+        return 7 * 24 * 3600 * 1000 if topic == "orders" else None
+
+    brake = Brake(DeadLetterLimit(consecutive=1), "g", Metrics("consumer", "g"), Watch,
+                  "broker:9092", retention_of)  # type: ignore[arg-type]
+    held = new_record("orders", 0, 7, 1_795_780_000_000, None, b"v", [], NO_HISTORY)
+    assert not brake.stops(Calls(), Holds(), A, record(A, 6), "orders")
+    assert asked == []  # asked only when it trips
+    with caplog.at_level(logging.WARNING, logger="redrive.consumer"):
+        assert brake.stops(Calls(), Holds(), A, held, "orders")
+    assert asked == ["orders"]
+    assert caplog.messages[-1].endswith(
+        "--partition 0. orders deletes records after retention.ms=604800000 (7d): resume before "
+        "2026-12-04 11:46:40 UTC, when the held record and those behind it start to go "
+        "unhandled")
+    # A topic that keeps records for ever (or that cannot be described) adds nothing.
+    assert not brake.stops(Calls(), Holds(), B, record(B, 1), "orders")
+    with caplog.at_level(logging.WARNING, logger="redrive.consumer"):
+        assert brake.stops(Calls(), Holds(), B, record(B, 2), "orders")
+    assert asked == ["orders", B[0]]
+    assert caplog.messages[-1].endswith(f"--topic {B[0]} --partition 1")
 
 
 def test_a_resume_covers_a_group_a_topic_or_one_partition_and_round_trips() -> None:
