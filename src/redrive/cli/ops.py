@@ -326,7 +326,8 @@ def stats_command(bootstrap: str, timeout_s: float, topic: str, group: str, wind
             time.sleep(2.0)
 
 
-STATS_COLUMNS = ["topic", "role", "waiting", "lag", "oldest", "next due", "in/s", "out/s"]
+STATS_COLUMNS = ["topic", "role", "waiting", "lag", "oldest", "next due", "oldest deleted",
+                 "in/s", "out/s"]
 
 
 def stats_rows(found: Sequence[stats.TopicStats], at_ms: int) -> list[list[object]]:
@@ -336,5 +337,7 @@ def stats_rows(found: Sequence[stats.TopicStats], at_ms: int) -> list[list[objec
     return [[item.topic, item.role, item.waiting, "-" if item.lag is None else item.lag,
              "-" if item.oldest_ms is None else formatting.since(item.oldest_ms, at_ms),
              "-" if item.next_due_ms is None else formatting.relative(item.next_due_ms, at_ms),
+             "-" if item.oldest_deleted_ms is None
+             else formatting.relative(item.oldest_deleted_ms, at_ms),
              rate(item.rate(item.appended)), rate(item.rate(item.consumed))]
             for item in found]

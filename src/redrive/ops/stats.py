@@ -5,8 +5,9 @@ start offset where the group has committed nothing; for the dead-letter topic, e
 it; counted from offsets, so a transactional producer's commit markers among the records count
 too, but a partition whose range holds markers only counts none), the lag behind committed
 offsets, the oldest waiting record's age and due time (read at
-the committed offset of each partition, where the group will resume), and how many records were
-appended and consumed over a window (two samples of the offsets).
+the committed offset of each partition, where the group will resume), when the topic's retention
+deletes that record, and how many records were appended and consumed over a window (two samples
+of the offsets).
 """
 
 from __future__ import annotations
@@ -108,6 +109,16 @@ class TopicStats:
     appended: int  # records appended during the window
     consumed: int | None  # offsets the group committed past during the window
     window_s: float
+    # How long the topic keeps a record where it deletes them by time (retention.ms); None: for
+    # ever, by compaction, or not told.
+    retention_ms: int | None = None
+
+    @property
+    def oldest_deleted_ms(self) -> int | None:
+        """When retention deletes the oldest waiting record, and those behind it go unhandled."""
+        if self.oldest_ms is None or self.retention_ms is None:
+            return None
+        return self.oldest_ms + self.retention_ms
 
     def rate(self, count: int | None) -> float | None:
         if count is None or self.window_s <= 0:
@@ -140,7 +151,8 @@ def heads(connection: kafka.Connection, shot: Snapshot,
 
 
 def summarize(layout: Roles, before: Snapshot, after: Snapshot,
-              found: Mapping[tuple[str, int], Head]) -> list[TopicStats]:
+              found: Mapping[tuple[str, int], Head],
+              retentions: Mapping[str, int] | None = None) -> list[TopicStats]:
     window_s = max(0.0, (after.at_ms - before.at_ms) / 1000)
     out: list[TopicStats] = []
     for name, role in layout.items():
@@ -163,7 +175,7 @@ def summarize(layout: Roles, before: Snapshot, after: Snapshot,
             consumed = sum(o.resume - earlier[p].resume
                            for p, o in per.items() if p in earlier)
         out.append(TopicStats(name, role, len(per), waiting, lag, oldest, min(dues, default=None),
-                              appended, consumed, window_s))
+                              appended, consumed, window_s, (retentions or {}).get(name)))
     return out
 
 
@@ -178,8 +190,12 @@ def collect(connection: kafka.Connection, topic: str, group: str, *,
     topics.check_name("group", group)
     if window_s < 0:
         raise InvalidArgument("window", window_s, "must not be negative")
-    counts = kafka.topic_partitions(kafka.admin(connection), timeout_s)
+    admin = kafka.admin(connection)
+    counts = kafka.topic_partitions(admin, timeout_s)
     layout = roles(counts, topic, group, policy)
+    retentions = {name: kept.retention_ms for name, kept in kafka.keeping(
+        admin, [name for name, _ in layout.items()], timeout_s).items()
+        if kept.deletes and kept.retention_ms >= 0}
     # committed() reads the group's offsets; the consumer never subscribes, so never joins it.
     consumer = kafka.consumer(connection, group)
     try:
@@ -191,5 +207,5 @@ def collect(connection: kafka.Connection, topic: str, group: str, *,
             second = first
     finally:
         consumer.close()
-    return summarize(layout, first, second, heads(connection, second))
+    return summarize(layout, first, second, heads(connection, second), retentions)
 

@@ -35,6 +35,7 @@ def exported_series() -> set[str]:
     metrics.paused_partitions(1)
     metrics.oldest_pending_retry(1)
     metrics.broker_up(True)
+    metrics.lost("t", 1)
     return {sample.name for family in metrics.registry.collect() for sample in family.samples}
 
 

@@ -55,15 +55,19 @@ def test_summary_counts_waiting_lag_and_window() -> None:
     })
     heads = {("m", 0): Head(500, None), ("m", 1): Head(200, None),
              ("m.g.retry.1s", 0): Head(900, 2_500), ("m.g.dlt", 0): Head(100, None)}
-    main, retry, dlt = summarize(layout, before, after, heads)
+    week = 7 * 24 * 3600 * 1000
+    main, retry, dlt = summarize(layout, before, after, heads, {"m.g.dlt": week})
     assert (main.role, main.waiting, main.lag, main.oldest_ms) == (MAIN, 6 + 4, 6, 200)
     assert (main.appended, main.consumed, main.rate(main.appended)) == (7, 6 + 0, 3.5)
     assert (retry.role, retry.waiting, retry.lag, retry.next_due_ms) == (RETRY, 3, 3, 2_500)
     assert (retry.appended, retry.consumed) == (2, 1)
     assert (dlt.role, dlt.waiting, dlt.lag, dlt.consumed) == (DEAD_LETTER, 5, None, None)
+    # Retention deletes the oldest dead letter a week after it was written; the others keep.
+    assert (dlt.oldest_deleted_ms, main.oldest_deleted_ms) == (100 + week, None)
     table = stats_rows([main, retry, dlt], 3_000)
     assert table[1][5] == "500ms ago"
-    assert table[2][6:] == ["0.5", "-"]
+    assert [row[6] for row in table] == ["-", "-", "in 6d23h"]
+    assert table[2][7:] == ["0.5", "-"]
 
 
 def test_a_partition_holding_only_transaction_markers_waits_none() -> None:
