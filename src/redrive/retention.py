@@ -91,10 +91,14 @@ def report_gone(group_consumer: Consumer, tps: list[PartitionKey], metrics: Metr
         if found.low <= start:
             continue
         gone[(topic, partition)] = found.low - start
+        # With nothing committed, handled records whose commit expired look the same.
+        unless = "" if found.committed is not None else (
+            " (unless the group's committed offsets expired after it handled them: "
+            "offsets.retention.minutes)")
         log.error("%s: %s[%d] no longer holds offsets %d to %d, which the group had not "
                   "committed: deleted (retention.ms, or DeleteRecords) while it was stopped or "
                   "behind. Their originals were committed when they were written: up to %d "
-                  "record(s) lost. Reading on from offset %d", who, topic, partition, start,
-                  found.low - 1, found.low - start, found.low)
+                  "record(s) lost%s. Reading on from offset %d", who, topic, partition, start,
+                  found.low - 1, found.low - start, unless, found.low)
         metrics.lost(topic, found.low - start)
     return gone

@@ -96,6 +96,10 @@ def test_offsets_deleted_past_what_the_group_committed_are_logged_and_counted(
     assert [message.split(", which")[0] for message in caplog.messages] == [
         "group g: r[0] no longer holds offsets 4 to 9",
         "group g: r[4] no longer holds offsets 0 to 6"]
+    # Where it committed, the loss is certain; where it committed nothing, an expired commit
+    # would look the same, and the line says so.
+    assert ["offsets.retention.minutes" in message for message in caplog.messages] == [
+        False, True]
 
 
 def test_a_broker_that_does_not_answer_leaves_the_check_undone_without_raising(

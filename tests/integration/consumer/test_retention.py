@@ -134,7 +134,8 @@ def test_copies_deleted_while_the_group_was_stopped_are_reported_when_it_comes_b
         f"group {group}: {retry}[{p}] no longer holds offsets 0 to {ends[p] - 1}, which the "
         "group had not committed: deleted (retention.ms, or DeleteRecords) while it was "
         "stopped or behind. Their originals were committed when they were written: up to "
-        f"{ends[p]} record(s) lost. Reading on from offset {ends[p]}"
+        f"{ends[p]} record(s) lost (unless the group's committed offsets expired after it "
+        f"handled them: offsets.retention.minutes). Reading on from offset {ends[p]}"
         for p in (0, 1) if ends[p]), caplog.messages
     assert second.consumer.metrics.value("redrive_lost_offsets_total", topic=retry) == 6
     deliveries = [(record.key, record.delivery.attempt) for record, _ in seen.calls]
