@@ -10,6 +10,9 @@ Every copy keeps the record's key, value and headers and is stamped with the ins
 forwarded: the next hop counts its wait from that timestamp, and retention and time indexes of the
 tier and target topics see a current time, not the day the record was scheduled.
 
+A service started with other tiers than before (the same prefix) reads the tiers it dropped too,
+while they hold records past its group's offsets: otherwise nothing would forward them again.
+
 Forwarding is one Kafka transaction per poll: the forwarded copies and the consumed offsets commit
 together, so a crash at any point neither loses nor duplicates a record for read_committed readers.
 Without transactions (at-least-once) the copies are confirmed by the broker before the offsets are
@@ -41,6 +44,7 @@ from redrive.clock import now_ms
 from redrive.delay.schedule import check_target
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
 from redrive.errors import DeliveryFailed, InvalidArgument, MalformedHeader, RedriveError
+from redrive.kafka.admin import partition_offsets
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Refusals, Why
 from redrive.kafka.produce import discard_producer, producer_failed
@@ -154,6 +158,8 @@ class DelayService:
         self._producer_overrides = dict(producer_overrides or {})
         self._stopping = threading.Event()
         self._tiers: dict[Key, Tier] = {}  # the assigned partitions and their tiers
+        # Tiers of an earlier set with this prefix that still hold records (see former_tiers).
+        self._former: dict[str, Tier] = {}
         self._holds = Holds()
         self._refusals = Refusals()
         self._known_topics: set[str] = set()
@@ -187,7 +193,10 @@ class DelayService:
     def _start(self) -> None:
         if self.create_topics:
             ensure_topics(self._watched, self.tiers, self.partitions)
-        retention.check(kafka.admin(self._watched), self.tiers.waits)
+        admin = kafka.admin(self._watched)
+        retention.check(admin, self.tiers.waits)
+        self._former = former_tiers(self._watched, self.tiers, self.group_id,
+                                    kafka.topic_partitions(admin))
         if self._metrics_port is not None:
             self.metrics.serve(self._metrics_port)
         consumer_settings = dict(CONSUMER_SETTINGS)
@@ -204,7 +213,7 @@ class DelayService:
             self._transactions.start()
         else:
             self._producer = self._new_producer()
-        self._consumer.subscribe(self.tiers.topics, on_assign=self._on_assign,
+        self._consumer.subscribe([*self.tiers.topics, *self._former], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
     def _new_producer(self) -> Producer:
@@ -226,7 +235,8 @@ class DelayService:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
         for tp in partitions:
-            self._tiers[(tp.topic, tp.partition)] = self.tiers.by_topic(tp.topic)
+            self._tiers[(tp.topic, tp.partition)] = (self._former.get(tp.topic)
+                                                     or self.tiers.by_topic(tp.topic))
         retention.report_gone(consumer, [(tp.topic, tp.partition) for tp in partitions],
                               self.metrics, f"delay service {self.group_id}")
         self.metrics.rebalanced("assign")
@@ -450,6 +460,33 @@ class DelayService:
             self.metrics.late_by(late / 1000)
         for _ in range(batch.malformed):
             self.metrics.dead_lettered(self.tiers.dead_letter, "malformed")
+
+
+def former_tiers(connection: kafka.Connection, tiers: Tiers, group_id: str,
+                 partitions: Mapping[str, int]) -> dict[str, Tier]:
+    """The tier topics of another set of tiers with this prefix (`partitions`: every topic's
+    partition count) that hold records past the service group's offsets. A service started with
+    other tiers would leave those records waiting for good: it reads these topics too, each
+    record going on through the current tiers, until they are empty."""
+    former = tiers.named_on(partitions)
+    if not former:
+        return {}
+    consumer = kafka.consumer(connection, group_id)
+    try:
+        offsets = partition_offsets(consumer, [(name, p) for name in sorted(former)
+                                               for p in range(partitions[name])])
+    finally:
+        consumer.close()
+    waiting: dict[str, int] = dict.fromkeys(former, 0)
+    for (name, _), offset in offsets.items():
+        waiting[name] += offset.high - offset.resume
+    for name in sorted(former):
+        if waiting[name] > 0:
+            log.warning("%s is not among the tiers (%s) but holds up to %d records past group "
+                        "%s's offsets (a tier of the tiers the service ran with before); "
+                        "reading it too, so that they are forwarded", name,
+                        ", ".join(tiers.topics), waiting[name], group_id)
+    return {name: tier for name, tier in former.items() if waiting[name] > 0}
 
 
 def ensure_topics(connection: kafka.Connection, tiers: Tiers,

@@ -20,6 +20,7 @@ transaction commit). A record alone on its partition arrives within L of its due
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from redrive.topics import SEPARATOR, check_name
 DEFAULT_PREFIX = "redrive.delay"
 DEFAULT_DURATIONS: tuple[str, ...] = ("1s", "10s", "1m", "10m", "1h")
 DEAD_LETTER_SUFFIX = "dlt"
+# A tier topic's suffix: its delay as format_ms spells it.
+_DELAY = re.compile(r"[0-9]+(?:ms|s|m|h|d)")
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,20 @@ class Tiers:
     def owned_topics(self) -> list[str]:
         """Every topic of the service: a record must never be scheduled back into one of them."""
         return [*self.topics, self.dead_letter]
+
+    def named_on(self, existing: Iterable[str]) -> dict[str, Tier]:
+        """The topics of `existing` named as this prefix's tiers (`<prefix>.<delay>`) that are
+        not among these tiers: those of another set of tiers with the same prefix."""
+        found: dict[str, Tier] = {}
+        start = self.prefix + SEPARATOR
+        for name in existing:
+            suffix = name[len(start):] if name.startswith(start) else ""
+            if not _DELAY.fullmatch(suffix) or name in self.topics:
+                continue
+            delay_ms = to_ms(suffix, "tier")
+            if delay_ms > 0:
+                found[name] = Tier(name, delay_ms)
+        return found
 
     def by_topic(self, topic: str) -> Tier:
         for tier in self.tiers:

@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from redrive import headers as h
 from redrive import kafka
 from redrive.delay import DelayService, Tiers, schedule
-from redrive.delay.service import ensure_topics
+from redrive.delay.service import ensure_topics, former_tiers
 from redrive.errors import InvalidArgument
 
 from ..topic_configs import set_record_limit
@@ -422,3 +422,41 @@ def test_records_deleted_from_the_tiers_while_no_service_ran_are_reported_as_los
                               "offsets 0 to 4, which the group had not committed")
     assert service.metrics.value("redrive_lost_offsets_total", topic=hop) == 5
     assert service.metrics.total("redrive_lost_offsets_total") == 5
+
+
+def test_records_waiting_in_a_tier_the_service_no_longer_has_are_forwarded_when_due(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A service restarted with other tiers (10s replaced by 5s) reads the tier it dropped
+    while that one holds records: they go on through the current tiers, none early, none lost.
+    Before, nobody read them again."""
+    prefix = f"{unique_name('retier')}.delay"
+    before, after = (Tiers.of(durations, prefix=prefix) for durations in (("1s", "10s"),
+                                                                          ("1s", "5s")))
+    dropped = before.topics[1]
+    target = new_topic()
+    ensure_topics(bootstrap, before, partitions=1)
+    producer = warm_producer(bootstrap, new_topic())
+    later = {f"later{i}".encode() for i in range(5)}
+    soon = {f"soon{i}".encode() for i in range(2)}
+    for value in sorted(later):
+        schedule(producer, target, value, tiers=before, delay=11.0)  # a hop on the 10s tier
+    for value in sorted(soon):
+        schedule(producer, target, value, tiers=before, delay=0.2)
+    assert producer.flush(10) == 0
+    assert kafka.watermarks(kafka.consumer(bootstrap), dropped, 0)[1] == 5
+
+    group = unique_name("g")
+    service = DelayService(bootstrap, after, transactional=False, partitions=1, group_id=group)
+    reader = Reader(bootstrap, target)
+    with caplog.at_level(logging.WARNING, logger="redrive.delay"), running(service):
+        arrivals = reader.read(len(later | soon), timeout_s=40, idle_s=1.0)
+        assert (dropped, 0) in service.assignment
+    reader.close()
+    check_once(arrivals, later | soon)
+    assert [a.value for a in arrivals if a.seen_ms < a.due_ms] == []
+    assert any(message.startswith(f"{dropped} is not among the tiers") and "up to 5 records"
+               in message for message in caplog.messages), caplog.messages
+    # Once forwarded, the next start leaves the dropped tier alone.
+    assert former_tiers(bootstrap, after, group,
+                        kafka.topic_partitions(kafka.admin(bootstrap))) == {}

@@ -154,3 +154,13 @@ def test_target_must_be_a_legal_topic_outside_the_service() -> None:
         check_target("redrive.delay.dlt", DEFAULT_TIERS)
     with pytest.raises(InvalidArgument, match="target_topic"):
         check_target("no spaces", DEFAULT_TIERS)
+
+
+def test_tier_topics_of_another_set_with_the_prefix_are_found_by_their_delay() -> None:
+    tiers = Tiers.of(["1s", "1m"], prefix="p.delay")
+    existing = ["p.delay.1s", "p.delay.10s", "p.delay.1500ms", "p.delay.2h", "p.delay.dlt",
+                "p.delay.1m", "p.delay.10s.retry", "p.delay.0s", "q.delay.10s", "p.delays.5s",
+                "orders"]
+    assert tiers.named_on(existing) == {"p.delay.10s": Tier("p.delay.10s", 10_000),
+                                        "p.delay.1500ms": Tier("p.delay.1500ms", 1_500),
+                                        "p.delay.2h": Tier("p.delay.2h", 7_200_000)}
