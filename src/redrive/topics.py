@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from redrive import kafka
 from redrive.errors import InvalidArgument, UnknownTopic
-from redrive.kafka.admin import KAFKA_RECORD_LIMIT, RECORD_LIMIT, partition_offsets
+from redrive.kafka.admin import KAFKA_RECORD_LIMIT, RECORD_LIMIT, waiting_past
 from redrive.policy import Naming, RetryPolicy, format_ms
 
 log = logging.getLogger("redrive.topics")
@@ -126,17 +125,7 @@ def former_retry_topics(connection: kafka.Connection, group: str, mains: Iterabl
     wanted = set(mains)
     former = {name: main for name in partitions if name not in consumed
               and (main := retried_topic(name, group)) is not None and main in wanted}
-    if not former:
-        return {}
-    consumer = kafka.consumer(connection, group)
-    try:
-        offsets = partition_offsets(
-            consumer, [(name, p) for name in sorted(former) for p in range(partitions[name])])
-    finally:
-        consumer.close()
-    waiting: Counter[str] = Counter()
-    for (name, _), offset in offsets.items():
-        waiting[name] += offset.high - offset.resume
+    waiting = waiting_past(connection, group, former, partitions)
     for name in sorted(former):
         if waiting[name] > 0:
             log.warning("group %s: %s is not among the policy's retry topics but holds up to %d "

@@ -44,7 +44,7 @@ from redrive.clock import now_ms
 from redrive.delay.schedule import check_target
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
 from redrive.errors import DeliveryFailed, InvalidArgument, MalformedHeader, RedriveError
-from redrive.kafka.admin import partition_offsets
+from redrive.kafka.admin import waiting_past
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Refusals, Why
 from redrive.kafka.produce import discard_producer, producer_failed
@@ -469,17 +469,7 @@ def former_tiers(connection: kafka.Connection, tiers: Tiers, group_id: str,
     other tiers would leave those records waiting for good: it reads these topics too, each
     record going on through the current tiers, until they are empty."""
     former = tiers.named_on(partitions)
-    if not former:
-        return {}
-    consumer = kafka.consumer(connection, group_id)
-    try:
-        offsets = partition_offsets(consumer, [(name, p) for name in sorted(former)
-                                               for p in range(partitions[name])])
-    finally:
-        consumer.close()
-    waiting: dict[str, int] = dict.fromkeys(former, 0)
-    for (name, _), offset in offsets.items():
-        waiting[name] += offset.high - offset.resume
+    waiting = waiting_past(connection, group_id, former, partitions)
     for name in sorted(former):
         if waiting[name] > 0:
             log.warning("%s is not among the tiers (%s) but holds up to %d records past group "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -14,7 +14,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from redrive.errors import BrokerUnavailable, UnknownTopic
-from redrive.kafka.config import Admin, Connection, admin
+from redrive.kafka.config import Admin, Connection, admin, consumer
 from redrive.kafka.records import PartitionKey
 
 
@@ -217,3 +217,23 @@ def partition_offsets(group_consumer: Consumer, tps: Sequence[PartitionKey],
         mark = committed.get(tp, -1)
         offsets[tp] = PartitionOffsets(low, high, mark if mark >= 0 else None)
     return offsets
+
+
+def waiting_past(connection: Connection, group: str, topics: Iterable[str],
+                 partitions: Mapping[str, int]) -> dict[str, int]:
+    """How many offsets each topic holds past `group`'s committed offsets (from its first offset
+    where the group committed nothing); `partitions`: each topic's partition count."""
+    names = sorted(set(topics))
+    if not names:
+        return {}
+    # committed() reads the group's offsets; the consumer never subscribes, so never joins it.
+    group_consumer = consumer(connection, group)
+    try:
+        offsets = partition_offsets(group_consumer, [(name, p) for name in names
+                                                     for p in range(partitions[name])])
+    finally:
+        group_consumer.close()
+    waiting = dict.fromkeys(names, 0)
+    for (name, _), found in offsets.items():
+        waiting[name] += found.high - found.resume
+    return waiting
