@@ -63,6 +63,7 @@ class RetryTopic:
     name: str
     delay_ms: int
     retries: tuple[int, ...]  # which retries (1-based) this topic carries
+    wait_ms: int  # the longest a copy waits here: delay_ms, or more with jitter
 
     @property
     def delay(self) -> str:
@@ -89,7 +90,7 @@ class TopicPlan:
     @property
     def waits(self) -> dict[str, int]:
         """Each retry topic with the time (ms) its copies wait there."""
-        return {topic.name: topic.delay_ms for topic in self.retry_topics}
+        return {topic.name: topic.wait_ms for topic in self.retry_topics}
 
     @property
     def consumed_topics(self) -> list[str]:
@@ -157,7 +158,7 @@ def plan(policy: RetryPolicy, topic: str, group: str) -> TopicPlan:
         by_suffix.setdefault(suffix, (delay, []))[1].append(retry)
     retry_topics = tuple(
         RetryTopic(check_name("retry topic", retry_topic_name(topic, group, suffix)), delay,
-                   tuple(retries))
+                   tuple(retries), max(policy.backoff.longest_ms(retry) for retry in retries))
         for suffix, (delay, retries) in by_suffix.items())
     dlt = check_name("dead-letter topic", dead_letter_name(topic, group)) \
         if policy.dead_letter else None

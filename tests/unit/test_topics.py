@@ -13,6 +13,7 @@ from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Delivery, Origin, Record
 from redrive.routing import Retry
+from redrive.store import RetryStore, StoreBackend
 
 
 def test_seed_sequence_default_plan_is_exact() -> None:
@@ -97,3 +98,27 @@ def test_a_copy_from_an_earlier_policys_retry_topic_goes_back_to_its_main_topic(
         out = bound.failed(record, decision, {"redrive.delay.1s": 1})
         assert out is not None and out.topic == "redrive.delay.1s"
         assert h.last(out.headers, h.TARGET) == target.encode()
+
+
+def test_a_retry_topics_wait_is_its_delay_stretched_by_the_jitter() -> None:
+    """What the retention check holds each retry topic to (see redrive.retention)."""
+    jittered = RetryPolicy(backoff=Backoff.exponential("10s", 3.0, jitter=0.25), attempts=3)
+    assert topics.plan(jittered, "o", "g").waits == {"o.g.retry.10s": 12_500,
+                                                     "o.g.retry.30s": 37_500}
+    steady = RetryPolicy(backoff=Backoff.sequence("5m,5m,30m"))
+    assert topics.plan(steady, "o", "g").waits == {"o.g.retry.5m": 300_000,
+                                                   "o.g.retry.30m": 1_800_000}
+
+
+def test_a_store_keeping_references_holds_the_main_topic_to_every_delay_added_up() -> None:
+    store = RetryStore(":memory:")
+    try:
+        policy = RetryPolicy(backoff=Backoff.sequence("5m,5m,30m"))
+        own = RetryPolicy(backoff=Backoff.exponential("1s", jitter=0.5), attempts=3)
+        plans = topics.plans(policy, ["o", "p"], "g")
+        by_reference = StoreBackend(store, mode="reference", policies={"p": own}).bind("g")
+        # 5m + 5m + 30m; for p its own policy: 1.5s + 3s at the most.
+        assert by_reference.waits(plans) == {"o": 2_400_000, "p": 4_500}
+        assert StoreBackend(store).bind("g").waits(plans) == {}
+    finally:
+        store.close()

@@ -6,6 +6,7 @@ is the delay without jitter: records of one retry topic share it, so the topic c
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ class Backoff:
         raise NotImplementedError
 
     def delay_ms(self, retry: int) -> int:
+        return self.nominal_ms(retry)
+
+    def longest_ms(self, retry: int) -> int:
+        """The longest delay_ms(retry) can be (its nominal one, but for jitter)."""
         return self.nominal_ms(retry)
 
     @property
@@ -125,6 +130,9 @@ class Exponential(Backoff):
         if not self.jitter:
             return nominal
         return max(0, round(nominal * (1 + self.rng.uniform(-self.jitter, self.jitter))))
+
+    def longest_ms(self, retry: int) -> int:
+        return math.ceil(self.nominal_ms(retry) * (1 + self.jitter))
 
     def describe(self) -> str:
         cap = f" max {format_ms(self.max)}" if self.max is not None else ""

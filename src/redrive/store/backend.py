@@ -97,8 +97,9 @@ class _StoreBound(BoundBackend):
         waits: dict[str, int] = {}
         for topic, plan in plans.items():
             own = (self.backend.policies or {}).get(topic)
-            waits[topic] = sum(own.retry_delays_ms()) if own is not None else sum(
-                retry.delay_ms * len(retry.retries) for retry in plan.retry_topics)
+            routed = topics.plan(own, topic, self.group) if own is not None else plan
+            waits[topic] = sum(retry.wait_ms * len(retry.retries)
+                               for retry in routed.retry_topics)
         return waits
 
     def policy_for(self, topic: str, default: RetryPolicy) -> RetryPolicy:
