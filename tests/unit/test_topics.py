@@ -1,4 +1,5 @@
 import string
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -110,8 +111,9 @@ def test_a_retry_topics_wait_is_its_delay_stretched_by_the_jitter() -> None:
                                                    "o.g.retry.30m": 1_800_000}
 
 
-def test_a_store_keeping_references_holds_the_main_topic_to_every_delay_added_up() -> None:
-    store = RetryStore(":memory:")
+def test_a_store_keeping_references_holds_the_main_topic_to_every_delay_added_up(
+        tmp_path: Path) -> None:
+    store = RetryStore(str(tmp_path / "store.db"))
     try:
         policy = RetryPolicy(backoff=Backoff.sequence("5m,5m,30m"))
         own = RetryPolicy(backoff=Backoff.exponential("1s", jitter=0.5), attempts=3)
