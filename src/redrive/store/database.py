@@ -32,6 +32,11 @@ class StoreUnavailable(RedriveError):
 def database_url(url: str | Path, *, create: bool = True) -> str:
     """The SQLAlchemy URL of a store. A file path is SQLite's: with `create` its folders are
     made, else it must exist (a mistyped path must not read as an empty store)."""
+    if str(url).strip() in (":memory:", "sqlite://", "sqlite:///:memory:") \
+            or str(url).startswith("file::memory:"):
+        raise InvalidArgument("url", str(url), "an in-memory SQLite database: the retries it "
+                              "holds would go when the process ends, and no scheduler in "
+                              "another process could see them; give a file path")
     if isinstance(url, Path) or "://" not in url:
         path = Path(url).expanduser().resolve()
         if create:

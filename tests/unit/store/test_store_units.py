@@ -52,6 +52,18 @@ def test_urls_paths_and_drivers(tmp_path: Path) -> None:
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("url", [":memory:", "sqlite://", "sqlite:///:memory:",
+                                 "file::memory:?cache=shared"])
+def test_an_in_memory_database_is_refused_and_no_file_is_made(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's name for a database that lives in memory: the retries would go with the process.
+    It used to make a file named `:memory:` in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidArgument, match=r"url=.*: an in-memory SQLite database"):
+        RetryStore(url)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_file_that_is_not_a_database_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not a database")
     with pytest.raises(StoreUnavailable, match=r"notes.txt: file is not a database"):
