@@ -67,8 +67,9 @@ def check(admin: AdminClient, waits: Mapping[str, int]) -> None:
             continue
         if kept.compacts:
             raise CompactedTopic(topic)
-        if kept.deletes and 0 <= kept.retention_ms <= wait_ms:
-            raise RetentionTooShort(topic, kept.retention_ms, wait_ms)
+        after = kept.deletes_after_ms
+        if after is not None and after <= wait_ms:
+            raise RetentionTooShort(topic, after, wait_ms)
 
 
 def report_gone(group_consumer: Consumer, tps: list[PartitionKey], metrics: Metrics,

@@ -190,6 +190,4 @@ def deleting_after(connection: kafka.Connection, topic: str) -> int | None:
         kept = kafka.keeping(kafka.admin(connection), [topic], timeout_s=5).get(topic)
     except (RedriveError, KafkaException):
         return None
-    if kept is None or not kept.deletes or kept.retention_ms < 0:
-        return None
-    return kept.retention_ms
+    return None if kept is None else kept.deletes_after_ms

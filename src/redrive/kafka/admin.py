@@ -99,6 +99,12 @@ class Keeping:
     deletes: bool
     compacts: bool
 
+    @property
+    def deletes_after_ms(self) -> int | None:
+        """How long a record stays before retention deletes it; None: it is not deleted by
+        time."""
+        return self.retention_ms if self.deletes and self.retention_ms >= 0 else None
+
 
 def keeping(admin_: AdminClient, topics: Sequence[str],
             timeout_s: float = 10.0) -> dict[str, Keeping]:

@@ -193,9 +193,9 @@ def collect(connection: kafka.Connection, topic: str, group: str, *,
     admin = kafka.admin(connection)
     counts = kafka.topic_partitions(admin, timeout_s)
     layout = roles(counts, topic, group, policy)
-    retentions = {name: kept.retention_ms for name, kept in kafka.keeping(
+    retentions = {name: after for name, kept in kafka.keeping(
         admin, [name for name, _ in layout.items()], timeout_s).items()
-        if kept.deletes and kept.retention_ms >= 0}
+        if (after := kept.deletes_after_ms) is not None}
     # committed() reads the group's offsets; the consumer never subscribes, so never joins it.
     consumer = kafka.consumer(connection, group)
     try:
