@@ -32,6 +32,7 @@ from typing import Any
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
+    KafkaError,
     KafkaException,
     Message,
     Producer,
@@ -199,7 +200,7 @@ class DelayService:
                                     kafka.topic_partitions(admin))
         if self._metrics_port is not None:
             self.metrics.serve(self._metrics_port)
-        consumer_settings = dict(CONSUMER_SETTINGS)
+        consumer_settings = {**CONSUMER_SETTINGS, "on_commit": self._committed}
         if self.instance_id is not None:
             consumer_settings["group.instance.id"] = self.instance_id
         self._consumer = kafka.consumer(self._watched, self.group_id,
@@ -413,7 +414,11 @@ class DelayService:
             else:
                 assert self._producer is not None
                 kafka.produce_acked(self._producer, batch.out)
-                consumer.commit(offsets=batch.offsets, asynchronous=False)
+                # A synchronous commit waits for as long as the brokers are away (librdkafka
+                # defers it until a coordinator answers), which would keep the service from
+                # noticing an outage or stopping. A commit that fails leaves the offsets to the
+                # next one, or the records to be forwarded again: at-least-once.
+                consumer.commit(offsets=batch.offsets, asynchronous=True)
         except ProducerFenced as exc:
             raise DelayServiceError(str(exc)) from exc
         except (KafkaException, DeliveryFailed, TransactionAborted) as exc:
@@ -430,6 +435,15 @@ class DelayService:
         self.health.ok()
         self._refusals.forget(batch.starts)
         self._count(batch)
+
+    def _committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The outcome of an at-least-once commit (served by the consumer's poll)."""
+        failed = [f"{tp.topic}[{tp.partition}]: {tp.error.str()}" for tp in partitions
+                  if tp.error is not None]
+        if error is not None and not self.health.failed(KafkaException(error)):
+            log.warning("a commit failed: %s", error.str())
+        elif error is None and failed:
+            log.warning("a commit failed for %s", ", ".join(failed))
 
     def _rewind(self, batch: _Batch, *, refused: bool, why: BaseException) -> None:
         """Read the batch's tier partitions again from its first records: at once after an
