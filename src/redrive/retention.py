@@ -28,6 +28,8 @@ from redrive.metrics import Metrics
 from redrive.policy import format_ms
 
 log = logging.getLogger("redrive.retention")
+# How long an assignment waits for the offsets that report_gone compares, per request.
+REPORT_TIMEOUT_S = 5.0
 
 
 class RetentionTooShort(RedriveError):
@@ -81,7 +83,8 @@ def report_gone(group_consumer: Consumer, tps: list[PartitionKey], metrics: Metr
     offsets too: at most that many records. Called in a rebalance callback: a broker that does
     not answer is logged, not raised (reading goes on as it would without the check)."""
     try:
-        offsets = partition_offsets(group_consumer, tps)
+        # The rebalance waits for this callback: a broker slow to answer costs one timeout.
+        offsets = partition_offsets(group_consumer, tps, timeout_s=REPORT_TIMEOUT_S)
     except KafkaException as exc:
         log.warning("%s: could not check %d partition(s) for records deleted before they were "
                     "read: %s", who, len(tps), exc.args[0])
