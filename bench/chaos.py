@@ -9,7 +9,9 @@ succeeded, dead-lettered, lost, duplicated. `duplicated` counts what the fault's
 once: at-least-once, the sink's successes and the dead letters; transactional, the dead letters
 and the retry copies (the handler itself may run again after a crash in every mode: `re-handled`);
 exactly-once (the Spark pipeline) and clean stops (SIGTERM), all of them. A number still waiting
-inside redrive at the end (past the group's commit, in a store row) is `stuck`, not lost.
+inside redrive at the end (past the group's commit, in a store row) is `stuck`, not lost. A
+transactional copy written and committed but passed over by the group's reader, a noida-db
+deviation (chaoslib.count.passed_over), is `passed over`, not lost.
 
 Exits non-zero on any loss, stuck or misrouted record, crashed part, or a duplicate where the
 mode promises none. With --json the last line is one JSON object of the totals.
@@ -53,6 +55,7 @@ def totals(outcomes: list[Outcome]) -> dict[str, int]:
             "duplicated_at_least_once": duplicated(False),
             "crashes": sum(o.crashes for o in outcomes),
             "stuck_in_flight": sum(o.stuck for o in outcomes),
+            "passed_over_by_broker": sum(o.passed_over for o in outcomes),
             "misrouted": sum(o.misrouted for o in outcomes)}
 
 
@@ -79,9 +82,10 @@ def main() -> int:
                 print(f"    {note}", flush=True)
     print()
     print(table(["fault", "mode", "sent", "succeeded", "dead-lettered", "lost", "duplicated",
-                 "re-handled", "stuck", "misrouted", "crashes", "s"],
+                 "re-handled", "stuck", "passed over", "misrouted", "crashes", "s"],
                 [[o.fault, o.mode, o.sent, o.succeeded, o.dead_lettered, o.lost, o.duplicated,
-                  o.rehandled, o.stuck, o.misrouted, o.crashes, f"{o.seconds:.0f}"]
+                  o.rehandled, o.stuck, o.passed_over, o.misrouted, o.crashes,
+                  f"{o.seconds:.0f}"]
                  for o in outcomes]))
     print(f"\n{started}, {time.monotonic() - began:.0f} s; modes: {AT_LEAST_ONCE} may "
           f"duplicate, {TRANSACTIONAL} and the others may not")

@@ -100,6 +100,31 @@ def copy_key(read: Read) -> tuple[str | None, str | None, str | None, str | None
             read.header(h.ORIGINAL_OFFSET), read.header(h.ATTEMPT))
 
 
+def passed_over(numbers: Iterable[int], copies: Iterable[Read], commit: dict[int, int],
+                handled: set[tuple[int, int]]) -> dict[int, Read]:
+    """Of these unfinished numbers, those whose copy for an attempt never handled is committed
+    in the retry topic below the group's committed offset (`commit`, by partition): written and
+    committed by redrive, and passed over by the group's reader. On noida-db, a read_committed
+    consumer can pass over a producer's committed records once its transactional id was taken
+    over from a producer that died mid-transaction (docs/benchmarks.md); on Apache Kafka such a
+    copy would be read."""
+    wanted = set(numbers)
+    found: dict[int, Read] = {}
+    for copy in copies:
+        attempt = copy.header(h.ATTEMPT)
+        if copy.number not in wanted or attempt is None or not attempt.isdigit():
+            continue
+        if (copy.number, int(attempt)) not in handled and \
+                copy.offset < commit.get(copy.partition, -1):
+            found[copy.number] = copy
+    return found
+
+
+def handled_attempts(sink_lines: Iterable[str]) -> set[tuple[int, int]]:
+    """(number, attempt) of each handler call in a worker's sink."""
+    return {(int(parts[0]), int(parts[1])) for parts in (line.split() for line in sink_lines)}
+
+
 def repeats(counts: Counter[object]) -> int:
     return sum(n - 1 for n in counts.values() if n > 1)
 
@@ -128,9 +153,12 @@ class Outcome:
     rehandled: int = 0
     misrouted: int = 0
     stuck: int = 0
+    # Lost to the noida-db deviation below (passed_over), not counted in `lost`.
+    passed_over: int = 0
     crashes: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    lost_numbers: set[int] = field(default_factory=set)
 
     @property
     def promises_no_duplicates(self) -> bool:
@@ -142,9 +170,25 @@ class Outcome:
                     or (self.promises_no_duplicates and self.duplicated))
 
     def line(self) -> str:
+        passed = f", passed over by the broker {self.passed_over}" if self.passed_over else ""
         return (f"{self.fault} ({self.mode}): sent {self.sent}, succeeded {self.succeeded}, "
                 f"dead-lettered {self.dead_lettered}, lost {self.lost}, "
-                f"duplicated {self.duplicated}")
+                f"duplicated {self.duplicated}{passed}")
+
+    def set_apart(self, passed: dict[int, Read]) -> None:
+        """Count these lost numbers as passed over (see passed_over), with where each copy is."""
+        if not passed:
+            return
+        self.lost_numbers -= set(passed)
+        self.lost = len(self.lost_numbers)
+        self.passed_over = len(passed)
+        where = ", ".join(f"{n} at {r.topic}[{r.partition}]@{r.offset}"
+                          for n, r in sorted(passed.items())[:10])
+        self.notes.append(
+            f"noida-db deviation (docs/benchmarks.md): the next copy of {len(passed)} "
+            f"number(s) is committed in the retry topic below the group's commit, readable by a "
+            f"new read_committed consumer, never handled: the group's reader passed over it "
+            f"after a transactional producer died mid-transaction ({where})")
 
     def tally(self, expected: dict[int, str], successes: Counter[int], dead: Counter[int], *,
               in_flight: Iterable[int] = (), copies_twice: int = 0,
@@ -160,7 +204,8 @@ class Outcome:
         unfinished = set(expected) - skipped - set(successes) - set(dead)
         waiting = unfinished & set(in_flight)
         self.stuck = len(waiting)
-        self.lost = len(unfinished - waiting)
+        self.lost_numbers = unfinished - waiting
+        self.lost = len(self.lost_numbers)
         # "skip": another group's record, neither handled nor dead-lettered by this one.
         self.misrouted = (sum(1 for n in successes if expected.get(n, "dead") != "ok")
                           + sum(1 for n in dead if expected.get(n, "ok") == "ok"))

@@ -16,7 +16,10 @@ from chaoslib.count import (
     CLEAN_STOP,
     TRANSACTIONAL,
     Outcome,
+    committed,
     copy_key,
+    handled_attempts,
+    passed_over,
     read_topic,
     repeats,
     waiting,
@@ -58,10 +61,15 @@ def finish(run: ConsumerRun, fault: str, mode: str, sizes: Sizes) -> Outcome:
     in_flight = {r.number for r in waiting(run.bootstrap, run.group,
                                            [run.topic, run.retry_topic])}
     transactional = mode == TRANSACTIONAL
-    return outcome.tally(run.expected, run.successes(), run.dead(), in_flight=in_flight,
-                         copies_twice=repeats(Counter(copy_key(c) for c in copies))
-                         if transactional else 0,
-                         sink_covered=not transactional)
+    outcome.tally(run.expected, run.successes(), run.dead(), in_flight=in_flight,
+                  copies_twice=repeats(Counter(copy_key(c) for c in copies))
+                  if transactional else 0,
+                  sink_covered=not transactional)
+    if transactional and outcome.lost:
+        outcome.set_apart(passed_over(outcome.lost_numbers, copies,
+                                      committed(run.bootstrap, run.group, run.retry_topic),
+                                      handled_attempts(run.sink_lines())))
+    return outcome
 
 
 def mode_args(mode: str) -> list[str]:

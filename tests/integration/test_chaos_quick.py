@@ -40,3 +40,5 @@ def test_a_quick_fault_loses_and_duplicates_nothing_it_promises(
     if outcome.promises_no_duplicates:
         assert outcome.duplicated == 0, outcome.notes
     assert not outcome.failed
+    if outcome.passed_over:
+        pytest.xfail("; ".join(outcome.notes))
