@@ -8,12 +8,14 @@ noida-db's restart; see the issue note)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
 from redrive import kafka
 from redrive.clock import now_ms
@@ -97,6 +99,7 @@ def test_the_delay_service_notices_a_broker_lost_between_a_copy_and_its_commit(
         return count
 
     monkeypatch.setattr(kafka, "produce_acked", ack_then_lose_the_broker)
+    producers_before = live_producers()
     producer = kafka.producer(bootstrap)
     for n in range(100):
         schedule(producer, target, b"%d" % n, delay="300ms", tiers=tiers)
@@ -115,6 +118,16 @@ def test_the_delay_service_notices_a_broker_lost_between_a_copy_and_its_commit(
     # At least once: the first batch's commit was lost with the broker, so it may come twice.
     assert {int(r.value or b"") for r in arrived} == set(range(100))
     assert copies_acked[0] > 0
+    # The producer that failed for good after the restart (OUT_OF_ORDER_SEQUENCE_NUMBER) was
+    # replaced and must not live on, reconnecting: confluent-kafka holds on to the exception
+    # that reported its failure (kafka.produce._flush). The stopped service keeps no producer.
+    del producer
+    assert live_producers() <= producers_before
+
+
+def live_producers() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, Producer))
 
 
 def test_the_store_scheduler_publishes_every_row_once_the_broker_is_back(

@@ -36,7 +36,7 @@ from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed, RedriveError
 from redrive.kafka.health import BrokerHealth
 from redrive.kafka.holds import Holds, Refusals
-from redrive.kafka.produce import discard_producer, producer_failed
+from redrive.kafka.produce import discard_producer, drop_stack, producer_failed
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
@@ -306,6 +306,8 @@ class Committer:
             # through the causes.
             if not producer_failed(exc):
                 raise
+            if isinstance(exc, SystemError):
+                drop_stack(exc)
             head = self._pipeline.head
             if head is not None:
                 head.fail(DeliveryFailed(topic_of(head.copies), None,

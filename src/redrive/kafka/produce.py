@@ -121,6 +121,7 @@ def _flush(producer_: Producer, timeout_s: float, topic: str) -> int:
         # caused by it (seen after a noida-db SIGKILL and restart): said as what it is.
         if not producer_failed(exc):
             raise
+        drop_stack(exc)
         raise DeliveryFailed(topic, None, f"the producer failed for good: "
                              f"{exc.__cause__ or exc}", fatal=True) from exc
     return remaining
@@ -142,6 +143,14 @@ def delivery_failed(topic: str, partition: int | None, error: KafkaError) -> Del
     return DeliveryFailed(topic, partition, why,
                           unanswered=error.code() in UNREACHED_CODES,
                           fatal=error.fatal() or error.code() in _FAILED)
+
+
+def drop_stack(exc: SystemError) -> None:
+    """Cut a fatal producer error's SystemError from the stack it was raised through.
+    confluent-kafka keeps a reference to that exception for good (seen after a noida-db restart):
+    through its traceback it would keep every frame of that stack alive, the failed producer
+    with them, reconnecting to the brokers for the life of the process."""
+    exc.__traceback__ = None
 
 
 def producer_failed(exc: BaseException) -> bool:
