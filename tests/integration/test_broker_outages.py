@@ -43,17 +43,23 @@ def check_reported_once(caplog: pytest.LogCaptureFixture, who: str) -> None:
     assert len([m for m in lines if "answer again" in m]) == 1, lines
 
 
+def at_least_once_service(bootstrap: str, name: str) -> tuple[DelayService, str]:
+    """A delay service with tiers of 100ms and 1s named for `name`, and its target topic.
+    Transactional forwarding does not come back from a noida-db SIGKILL in time (its
+    transaction state is among what the broker loses): issue 18 keeps that open."""
+    target = f"{name}-target"
+    kafka.create_topics(kafka.admin(bootstrap), {target: 1})
+    tiers = Tiers.of(("100ms", "1s"), prefix=f"{name}.delay")
+    return DelayService(bootstrap, tiers, instance_id=f"{name}-1", partitions=1,
+                        group_id=f"{name}-service", transactional=False), target
+
+
 def test_the_delay_service_at_least_once_forwards_everything_across_a_broker_restart(
         own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
     bootstrap = own_broker.bootstrap
     name = f"outage-delay-{time.monotonic_ns()}"
-    tiers = Tiers.of(("100ms", "1s"), prefix=f"{name}.delay")
-    target = f"{name}-target"
-    kafka.create_topics(kafka.admin(bootstrap), {target: 1})
-    # Transactional forwarding does not come back from a noida-db SIGKILL in time (its
-    # transaction state is among what the broker loses): issue 18 keeps that open.
-    service = DelayService(bootstrap, tiers, instance_id=f"{name}-1", partitions=1,
-                           group_id=f"{name}-service", transactional=False)
+    service, target = at_least_once_service(bootstrap, name)
+    tiers = service.tiers
     caplog.set_level(logging.INFO, logger="redrive")
     run = Background(service)
     try:
@@ -82,12 +88,8 @@ def test_the_delay_service_notices_a_broker_lost_between_a_copy_and_its_commit(
     # A synchronous commit waited for the broker's return: the service neither reported the
     # outage nor stopped (seen once in CI as "did not stop").
     bootstrap = own_broker.bootstrap
-    name = f"outage-commit-{time.monotonic_ns()}"
-    tiers = Tiers.of(("100ms", "1s"), prefix=f"{name}.delay")
-    target = f"{name}-target"
-    kafka.create_topics(kafka.admin(bootstrap), {target: 1})
-    service = DelayService(bootstrap, tiers, instance_id=f"{name}-1", partitions=1,
-                           group_id=f"{name}-service", transactional=False)
+    service, target = at_least_once_service(bootstrap, f"outage-commit-{time.monotonic_ns()}")
+    tiers = service.tiers
     acked = kafka.produce_acked
     copies_acked: list[int] = []
 
