@@ -20,6 +20,8 @@ from prometheus_client.core import HistogramMetricFamily, Sample
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from .clock import now_ms
+
 # The `why` label of records skipped because another group failed them, in every runtime.
 SKIPPED_OTHER_GROUP = "other-group"
 
@@ -154,6 +156,8 @@ class Metrics:
                              registry=self.registry)
 
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._oldest_since_ms: int | None = None
+        self._oldest_bound = False
 
     def _labels(self) -> dict[str, str]:
         return {"runtime": self.runtime, "group": self.group}
@@ -231,8 +235,18 @@ class Metrics:
     def broker_up(self, up: bool) -> None:
         self._child(self._broker_up).set(1 if up else 0)
 
-    def oldest_pending_retry(self, seconds: float) -> None:
-        self._child(self._oldest).set(seconds)
+    def oldest_pending_retry_since(self, since_ms: int | None) -> None:
+        """The oldest pending retry has waited since `since_ms` (None: none waits). Its age is
+        worked out when the gauge is read: a runtime updates it when its holds change, and a
+        scrape in between must still see the age grow."""
+        self._oldest_since_ms = since_ms
+        if not self._oldest_bound:
+            self._child(self._oldest).set_function(self._oldest_age_s)
+            self._oldest_bound = True
+
+    def _oldest_age_s(self) -> float:
+        since = self._oldest_since_ms
+        return 0.0 if since is None else max(0, now_ms() - since) / 1000
 
     def value(self, name: str, **labels: str) -> float:
         """A sample's current value (0 if never set): for tests and summaries."""

@@ -535,7 +535,7 @@ class RetryingConsumer:
             self.metrics.paused_partitions(len(self._holds))
 
     def _update_gauges(self) -> None:
-        self.metrics.oldest_pending_retry(self._holds.oldest_age_s(now_ms()))
+        self.metrics.oldest_pending_retry_since(self._holds.oldest_since_ms())
 
     # --- rebalances ----------------------------------------------------------------------------
 

@@ -256,7 +256,7 @@ class DelayService:
 
     def _report_paused(self) -> None:
         self.metrics.paused_partitions(len(self._holds))
-        self.metrics.oldest_pending_retry(self._holds.oldest_age_s(now_ms()))
+        self.metrics.oldest_pending_retry_since(self._holds.oldest_since_ms())
 
     # --- one poll ---------------------------------------------------------------------------
 

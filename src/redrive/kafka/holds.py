@@ -92,11 +92,11 @@ class Holds:
         soonest = min(hold.until_ms for hold in self._holds.values())
         return max(0.0, min(longest_s, (soonest - now_ms) / 1000.0))
 
-    def oldest_age_s(self, now_ms: int) -> float:
-        """Age of the oldest record held until it is due (0 when none is); records held for an
-        in-place retry are not pending retries."""
-        ages = [now_ms - hold.since_ms for hold in self._holds.values() if hold.why is Why.DUE]
-        return max(0.0, max(ages) / 1000.0) if ages else 0.0
+    def oldest_since_ms(self) -> int | None:
+        """Since when the oldest record held until it is due has waited (None when none is);
+        records held for an in-place retry are not pending retries."""
+        return min((hold.since_ms for hold in self._holds.values() if hold.why is Why.DUE),
+                   default=None)
 
 
 class Refusals:

@@ -294,7 +294,7 @@ class RetryPipeline:
             log.warning("pipeline %s: could not read its retry partitions: %s", self.group, exc)
             return
         self.metrics.paused_partitions(held)
-        self.metrics.oldest_pending_retry(0.0 if oldest is None else (now_ms() - oldest) / 1000)
+        self.metrics.oldest_pending_retry_since(oldest)
 
     def _main(self, topic: str) -> str:
         return self.subscription.main_of.get(topic, topic)

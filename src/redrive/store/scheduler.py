@@ -139,7 +139,7 @@ class Scheduler:
         asked = self._unsettled is None
         if asked:
             oldest = self.store.oldest_pending_due_ms()
-            self._overdue(oldest, at)
+            self._overdue(oldest)
         # Otherwise rows are claimed in a writing transaction only when some are due: on SQLite
         # it takes the database's one write lock, which the runtimes' batches would wait for.
         if not asked or (oldest is not None and oldest <= at):
@@ -147,7 +147,7 @@ class Scheduler:
                 self._unsettled = None
                 if not asked:
                     # Claimed earliest due first: the first row is the most overdue.
-                    self._overdue(batch.rows[0].due_ms if batch.rows else None, at)
+                    self._overdue(batch.rows[0].due_ms if batch.rows else None)
                 published, expired, lateness = self._dispatch(batch)
                 if len(batch.rows) == self.batch_size:
                     # More are likely due and the next pass follows at once: its claim writes
@@ -160,11 +160,10 @@ class Scheduler:
         notified = self.notifier.deliver(self.store)
         return Pass(published, expired, notified, tuple(lateness))
 
-    def _overdue(self, oldest_due_ms: int | None, at: int) -> None:
-        """How long the most overdue retry had waited past its due time when the pass began (0
-        when none was due)."""
-        self.metrics.oldest_pending_retry(
-            0.0 if oldest_due_ms is None else max(0, at - oldest_due_ms) / 1000)
+    def _overdue(self, oldest_due_ms: int | None) -> None:
+        """The most overdue retry has waited since its due time (its gauge reads 0 until then,
+        and when none waits)."""
+        self.metrics.oldest_pending_retry_since(oldest_due_ms)
 
     def _settle(self) -> None:
         if self._unsettled is not None:

@@ -33,7 +33,7 @@ def exported_series() -> set[str]:
     metrics.late_by(1)
     metrics.handler_took(1)
     metrics.paused_partitions(1)
-    metrics.oldest_pending_retry(1)
+    metrics.oldest_pending_retry_since(1)
     metrics.broker_up(True)
     metrics.lost("t", 1)
     return {sample.name for family in metrics.registry.collect() for sample in family.samples}
