@@ -44,15 +44,17 @@ class Read:
 
 
 def read_all(bootstrap: str, topic: str, *, expect: int | None = None,
-             timeout_s: float = 10.0, idle_s: float = 0.5) -> list[Read]:
-    """Every committed record of a topic, read from the start (read_committed).
+             timeout_s: float = 10.0, idle_s: float = 0.5,
+             isolation: str = "read_committed") -> list[Read]:
+    """Every record of a topic, read from the start (committed ones unless `isolation` says
+    "read_uncommitted").
 
     Returns once `expect` records arrived (then waits `idle_s` more to catch extras), or, without
     `expect`, after `idle_s` with nothing new; fails if `expect` is not reached in time.
     """
     admin = kafka.admin(bootstrap)
     partitions = kafka.partition_count(admin, topic)
-    consumer = kafka.consumer(bootstrap)
+    consumer = kafka.consumer(bootstrap, overrides={"isolation.level": isolation})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     out: list[Read] = []
     deadline = time.monotonic() + timeout_s

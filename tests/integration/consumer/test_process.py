@@ -14,14 +14,26 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
 from redrive import headers as h
 
-from .conftest import committed, produce, read_all, topic_size, wait_until
+from .conftest import Read, committed, produce, read_all, topic_size, wait_until
 
 NewTopic = Callable[..., str]
+
+
+class Broker(Protocol):
+    """The session's broker fixture: its address and kind ("noida-db", or "external")."""
+
+    @property
+    def bootstrap(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
 UniqueName = Callable[..., str]
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -102,11 +114,55 @@ def test_sigterm_finishes_the_record_in_hand_and_commits_what_finished(
         assert offsets[partition] == expected, (partition, offsets, len(done))
 
 
+@dataclass(frozen=True)
+class Unfinished:
+    """Where the numbers that never finished stand once the wait ran out."""
+
+    numbers: list[int]
+    passed_over: dict[int, Read]  # number -> its copy the group went past without handling it
+    report: str
+
+
+def unfinished(bootstrap: str, topic: str, group: str, log: Path, workers: Workers,
+               alive: set[int], dead: set[int]) -> Unfinished:
+    """Each unfinished number's calls, its copies as read_committed and read_uncommitted
+    consumers see them, the group's offsets and the workers' last lines; and which numbers have
+    a committed copy below the group's committed offset that no call handled (passed over)."""
+    seen = calls(log)
+    numbers = sorted((alive - {c.number for c in seen if c.ok})
+                     | (dead - {c.number for c in seen if not c.ok and c.attempt == 2}))
+    retry_topic = f"{topic}.{group}.retry.700ms"
+    lines = [f"unfinished numbers: {numbers}"]
+    for number in numbers:
+        lines.append(f"  {number} calls: " + ", ".join(
+            f"attempt {c.attempt} {c.topic}[{c.partition}]@{c.offset} {'ok' if c.ok else 'fail'}"
+            for c in seen if c.number == number))
+    views = {isolation: read_all(bootstrap, retry_topic, idle_s=1.0, isolation=isolation)
+             for isolation in ("read_committed", "read_uncommitted")}
+    for isolation, copies in views.items():
+        lines.append(f"  {retry_topic} as {isolation}: {len(copies)} records; of the unfinished: "
+                     + ", ".join(f"{c.value!r} [{c.partition}]@{c.offset} "
+                                 f"attempt {c.header(h.ATTEMPT)}"
+                                 for c in copies if int(c.value or b"-1") in numbers))
+    offsets = {name: committed(bootstrap, group, name) for name in (topic, retry_topic)}
+    lines.extend(f"  committed {name}: {at}" for name, at in offsets.items())
+    handled = {(c.partition, c.offset) for c in seen if c.topic == retry_topic}
+    passed_over = {int(c.value or b"-1"): c for c in views["read_committed"]
+                   if int(c.value or b"-1") in numbers and (c.partition, c.offset) not in handled
+                   and c.offset < offsets[retry_topic].get(c.partition, -1)}
+    for index in range(len(workers.processes)):
+        tail = workers.output(index).splitlines()[-25:]
+        lines.append(f"  worker {index} output (last {len(tail)} lines):")
+        lines.extend(f"    {line}" for line in tail)
+    return Unfinished(numbers, passed_over, "\n".join(lines))
+
+
 def run_crash(bootstrap: str, topic: str, group: str, log: Path, workers: Workers,
-              *extra: str) -> tuple[list[Call], list[str]]:
+              *extra: str, on_noida_db: bool = False) -> tuple[list[Call], list[str]]:
     """Start a static member, SIGKILL it while records wait in retry topics, restart it, and
     return the calls once every number succeeded or was dead-lettered, and the DLT's values."""
     total = 120
+    transactional = "--transactional" in extra
     for partition in (0, 1):
         produce(bootstrap, topic, [str(n).encode() for n in range(partition, total, 2)],
                 partition=partition)
@@ -134,7 +190,21 @@ def run_crash(bootstrap: str, topic: str, group: str, log: Path, workers: Worker
         exhausted = {c.number for c in seen if not c.ok and c.attempt == 2}
         return alive <= succeeded and dead <= exhausted
 
-    wait_until(finished, 60, "every record succeeded or exhausted")
+    try:
+        wait_until(finished, 60, "every record succeeded or exhausted")
+    except AssertionError as timeout:
+        left = unfinished(bootstrap, topic, group, log, workers, alive, dead)
+        if transactional and on_noida_db and set(left.passed_over) == set(left.numbers):
+            pytest.xfail(
+                "noida-db deviation: after a transactional id is taken over from a producer "
+                "killed mid-transaction, a live read_committed consumer can pass over committed "
+                "records that a new read_committed consumer reads (shown with confluent-kafka "
+                "alone, docs/benchmarks.md). The copies of "
+                + ", ".join(f"{n} ([{c.partition}]@{c.offset})"
+                            for n, c in sorted(left.passed_over.items()))
+                + " are committed below the group's offset and were never handled.\n"
+                + left.report)
+        raise AssertionError(f"{timeout}\n{left.report}") from timeout
     letters = read_all(bootstrap, f"{topic}.{group}.dlt", expect=len(dead), timeout_s=20)
     second.send_signal(signal.SIGTERM)
     assert second.wait(20) == 0, workers.output(1)
@@ -162,10 +232,12 @@ def test_sigkill_while_records_wait_in_retry_loses_nothing(
 
 
 def test_sigkill_in_transactional_mode_duplicates_no_copy(
-        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, workers: Workers,
+        broker: Broker, new_topic: NewTopic, unique_name: UniqueName, workers: Workers,
         tmp_path: Path) -> None:
     topic, group, log = new_topic(partitions=2), unique_name("eos"), tmp_path / "calls.log"
-    seen, letters = run_crash(bootstrap, topic, group, log, workers, "--transactional")
+    bootstrap = broker.bootstrap
+    seen, letters = run_crash(bootstrap, topic, group, log, workers, "--transactional",
+                              on_noida_db=broker.kind == "noida-db")
     assert sorted(letters) == sorted(set(letters))
     copies = read_all(bootstrap, f"{topic}.{group}.retry.700ms", timeout_s=20)
     keys = Counter((c.header(h.ORIGINAL_PARTITION), c.header(h.ORIGINAL_OFFSET),
