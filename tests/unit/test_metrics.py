@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -86,3 +87,22 @@ def test_the_histograms_expose_what_prometheus_client_histograms_do(lateness: li
         got, expected = histogram_lines(metrics.registry, encode), histogram_lines(registry, encode)
         assert got == expected
         assert any("_count{" in line for line in got) == bool(lateness or handler)
+
+
+def test_the_oldest_pending_retry_ages_between_updates(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [10_000]
+    monkeypatch.setattr("redrive.metrics.now_ms", lambda: clock[0])
+    metrics = Metrics("consumer", "g")
+    name = "redrive_oldest_pending_retry_seconds"
+    metrics.oldest_pending_retry_since(None)
+    assert metrics.value(name) == 0.0
+    metrics.oldest_pending_retry_since(8_500)
+    assert metrics.value(name) == 1.5
+    clock[0] = 12_000  # no update in between: a scrape still sees it wait longer
+    assert metrics.value(name) == 3.5
+    metrics.oldest_pending_retry_since(13_000)  # not due yet (the store's due time)
+    assert metrics.value(name) == 0.0
+    metrics.oldest_pending_retry_since(None)
+    assert metrics.value(name) == 0.0
+    assert f'{name}{{group="g",runtime="consumer"}} 0.0' in generate_latest(
+        metrics.registry).decode()

@@ -23,6 +23,8 @@ from redrive import headers as h
 from .conftest import Read, committed, produce, read_all, topic_size, wait_until
 
 NewTopic = Callable[..., str]
+UniqueName = Callable[..., str]
+WORKER = Path(__file__).with_name("worker.py")
 
 
 class Broker(Protocol):
@@ -33,9 +35,6 @@ class Broker(Protocol):
 
     @property
     def kind(self) -> str: ...
-
-UniqueName = Callable[..., str]
-WORKER = Path(__file__).with_name("worker.py")
 
 
 @dataclass(frozen=True)
