@@ -195,10 +195,11 @@ def run_crash(bootstrap: str, topic: str, group: str, log: Path, workers: Worker
         left = unfinished(bootstrap, topic, group, log, workers, alive, dead)
         if transactional and on_noida_db and set(left.passed_over) == set(left.numbers):
             pytest.xfail(
-                "noida-db deviation: after a transactional id is taken over from a producer "
-                "killed mid-transaction, a live read_committed consumer can pass over committed "
-                "records that a new read_committed consumer reads (shown with confluent-kafka "
-                "alone, docs/benchmarks.md). The copies of "
+                "noida-db deviation: once a transaction is aborted (here the killed worker's, "
+                "by the takeover of its transactional id), a read_committed consumer can pass "
+                "over the same producer's later committed records, which a new read_committed "
+                "consumer reads (bench/aborts.py shows it with confluent-kafka alone). The "
+                "copies of "
                 + ", ".join(f"{n} ([{c.partition}]@{c.offset})"
                             for n, c in sorted(left.passed_over.items()))
                 + " are committed below the group's offset and were never handled.\n"

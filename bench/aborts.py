@@ -1,15 +1,20 @@
-"""How often a read_committed reader passes over committed records around a transactional takeover.
+"""How often a read_committed reader passes over committed records after a transaction is aborted.
 
-    python bench/takeover.py [--runs N] [--partitions P] [--after-init] [--bootstrap HOST:PORT]
+    python bench/aborts.py [--case abort|takeover|takeover-after-init] [--runs N]
+                             [--partitions P] [--bootstrap HOST:PORT]
 
 A probe of the broker, not of redrive: only confluent-kafka clients take part. Starts its own
-noida-db unless --bootstrap is given. Each run: producer A (its own process) writes small
-transactions over P partitions and is SIGKILLed mid-stream, leaving one open; producer B takes
-its transactional id over and writes for two seconds; a read_committed reader reads along (from
-the start, or with --after-init from the moment B's init_transactions returned). Then a new
-read_committed reader reads the topic. A run counts when the reader that read along missed
-records the new one reads: it passed over them, its position at the end. On Apache Kafka no run
-should count: a takeover returns once the old transaction's abort markers are written.
+noida-db unless --bootstrap is given. A producer (its own process) writes transactions of 5
+records over P partitions while a read_committed reader reads along, then a new read_committed
+reader reads the topic. A run counts when the reader that read along missed records the new one
+reads: it passed over them, its position at the end. The cases:
+
+- abort: the producer aborts one transaction mid-stream and goes on committing;
+- takeover: producer A is SIGKILLed mid-stream, leaving a transaction open; producer B takes its
+  transactional id over (which aborts it) and writes for two seconds;
+- takeover-after-init: the same, the reader starting once B's init_transactions returned.
+
+On Apache Kafka no run should count: the abort's marker reaches every read_committed reader.
 """
 
 from __future__ import annotations
@@ -31,20 +36,26 @@ from redrive.dev.brokers import DevBroker
 WRITER = r"""
 import sys, time
 from redrive import kafka
-bootstrap, topic, tid, tag, partitions, seconds = sys.argv[1:7]
+bootstrap, topic, tid, tag, partitions, seconds, abort_at = sys.argv[1:8]
 producer = kafka.producer(bootstrap, transactional_id=tid)
 producer.init_transactions(30)
 print("ready", flush=True)
-end, k = time.monotonic() + float(seconds), 0
-while time.monotonic() < end:
+start, k, aborted = time.monotonic(), 0, float(abort_at) < 0
+while time.monotonic() < start + float(seconds):
     producer.begin_transaction()
     for _ in range(5):
         k += 1
         producer.produce(topic, b"%s-%d" % (tag.encode(), k), partition=k % int(partitions))
-    producer.commit_transaction(10)
+    if not aborted and time.monotonic() >= start + float(abort_at):
+        producer.flush(10)
+        producer.abort_transaction(10)
+        aborted = True
+    else:
+        producer.commit_transaction(10)
 """
 
 Key = tuple[int, int]  # partition, offset
+CASES = ("abort", "takeover", "takeover-after-init")
 
 
 class Reader:
@@ -71,9 +82,9 @@ class Reader:
 
 @contextmanager
 def writer(bootstrap: str, topic: str, tid: str, tag: str, partitions: int,
-           seconds: float) -> Iterator[subprocess.Popen[bytes]]:
+           seconds: float, abort_at: float = -1.0) -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen([sys.executable, "-c", WRITER, bootstrap, topic, tid, tag,
-                                str(partitions), str(seconds)],
+                                str(partitions), str(seconds), str(abort_at)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         assert process.stdout is not None
@@ -85,20 +96,22 @@ def writer(bootstrap: str, topic: str, tid: str, tag: str, partitions: int,
         process.wait()
 
 
-def one_run(bootstrap: str, partitions: int, after_init: bool) -> tuple[int, int, list[int]]:
+def one_run(bootstrap: str, partitions: int, case: str) -> tuple[int, int, list[int]]:
     """(records committed, records the reader that read along missed, partitions it missed on)"""
     topic = f"takeover-{uuid.uuid4().hex[:8]}"
     kafka.create_topics(kafka.admin(bootstrap), {topic: partitions})
     tid = f"takeover-{uuid.uuid4().hex[:8]}"
-    along = None if after_init else Reader(bootstrap, topic, partitions)
-    with writer(bootstrap, topic, tid, "a", partitions, 60.0):
-        if along is not None:
-            along.read_for(random.uniform(0.3, 1.2))
-        else:
-            time.sleep(random.uniform(0.3, 1.2))
-    with writer(bootstrap, topic, tid, "b", partitions, 2.0) as second:
+    along = None if case == "takeover-after-init" else Reader(bootstrap, topic, partitions)
+    if case != "abort":
+        with writer(bootstrap, topic, tid, "a", partitions, 60.0):
+            if along is not None:
+                along.read_for(random.uniform(0.3, 1.2))
+            else:
+                time.sleep(random.uniform(0.3, 1.2))
+    abort_at = random.uniform(0.3, 1.2) if case == "abort" else -1.0
+    with writer(bootstrap, topic, tid, "b", partitions, 2.0, abort_at) as last:
         along = along or Reader(bootstrap, topic, partitions)
-        while second.poll() is None:
+        while last.poll() is None:
             along.read_for(0.2)
     along.read_until_quiet()
     along.consumer.close()
@@ -113,22 +126,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--after-init", action="store_true",
-                        help="start the reader once the new producer's takeover returned")
+    parser.add_argument("--case", choices=CASES, default="abort")
     parser.add_argument("--bootstrap", default=None)
     args = parser.parse_args()
     with ExitStack() as stack:
         bootstrap = args.bootstrap or stack.enter_context(DevBroker()).bootstrap
         counted = 0
         for run in range(args.runs):
-            committed, missed, where = one_run(bootstrap, args.partitions, args.after_init)
+            committed, missed, where = one_run(bootstrap, args.partitions, args.case)
             if missed:
                 counted += 1
                 print(f"run {run}: {committed} records committed; the reader that read along "
                       f"passed over {missed} of them, on partitions {where}", flush=True)
         print(f"{counted} of {args.runs} runs: a read_committed reader passed over committed "
-              f"records ({args.partitions} partitions, reader "
-              f"{'started after the takeover' if args.after_init else 'reading along'})")
+              f"records ({args.partitions} partitions, case {args.case})")
     return 0
 
 
