@@ -60,7 +60,7 @@ CASES = ("abort", "takeover", "takeover-after-init")
 
 class Reader:
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
-        self.consumer: Consumer = kafka.consumer(bootstrap, f"takeover-{uuid.uuid4().hex}")
+        self.consumer: Consumer = kafka.consumer(bootstrap, f"aborts-{uuid.uuid4().hex}")
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.seen: dict[Key, bytes] = {}
 
@@ -98,9 +98,9 @@ def writer(bootstrap: str, topic: str, tid: str, tag: str, partitions: int,
 
 def one_run(bootstrap: str, partitions: int, case: str) -> tuple[int, int, list[int]]:
     """(records committed, records the reader that read along missed, partitions it missed on)"""
-    topic = f"takeover-{uuid.uuid4().hex[:8]}"
+    topic = f"aborts-{uuid.uuid4().hex[:8]}"
     kafka.create_topics(kafka.admin(bootstrap), {topic: partitions})
-    tid = f"takeover-{uuid.uuid4().hex[:8]}"
+    tid = f"aborts-{uuid.uuid4().hex[:8]}"
     along = None if case == "takeover-after-init" else Reader(bootstrap, topic, partitions)
     if case != "abort":
         with writer(bootstrap, topic, tid, "a", partitions, 60.0):
