@@ -20,6 +20,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -303,6 +304,8 @@ class ConnectServer:
         self.stop()
 
 
+_MASTER_UI_BOUND = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
+
 class StandaloneCluster:
     """A Spark standalone cluster: one master and one worker (`spark-class ...Master/Worker`).
 
@@ -347,7 +350,11 @@ class StandaloneCluster:
 
     @property
     def ui_url(self) -> str:
-        return f"http://{HOST}:{self.master_ui_port}"
+        # The port chosen free can be taken by another process before the master binds it;
+        # Spark then moves its UI to the next port and says so in its log (seen in CI: the
+        # chosen port answered 401 from another server).
+        bound = _MASTER_UI_BOUND.search(self._master.log_text())
+        return f"http://{HOST}:{int(bound.group(1)) if bound else self.master_ui_port}"
 
     @property
     def pids(self) -> tuple[int | None, int | None]:
