@@ -2,16 +2,55 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 HOST = "127.0.0.1"
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Below the ephemeral range, so that no outgoing connection can take the port.
+LOWEST = 10_000
+TRIES = 500
+
+# A port handed out is not handed out again in this process, even if its server has not bound
+# it yet: the Spark cluster asks for four ports before any of its servers starts.
+_handed_out: set[int] = set()
 
 
 def free_port() -> int:
-    """A port on the loopback address that nothing listens on right now."""
+    """A port on the loopback address that nothing listens on right now.
+
+    The kernel's own choice (binding port 0) comes from the ephemeral range, which every
+    outgoing connection draws from too, Kafka clients' included: between the choice and the
+    server's bind, a client's connection could take the port, and the server would fail or
+    move to another port (Spark does) where the test does not look for it. Ports are chosen
+    below that range where the machine allows it.
+    """
+    low, high = LOWEST, ephemeral_low(EPHEMERAL_RANGE_FILE) - 1
+    if high - low < 1_000:
+        return _kernel_choice()
+    for _ in range(TRIES):
+        port = random.randint(low, high)
+        if port not in _handed_out and port_in_use(port) is None:
+            _handed_out.add(port)
+            return port
+    return _kernel_choice()
+
+
+def ephemeral_low(range_file: Path) -> int:
+    """The first port of the kernel's ephemeral range (Linux's default when it cannot be read)."""
+    try:
+        return int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def _kernel_choice() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
+        port = int(probe.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 def port_in_use(port: int) -> OSError | None:
