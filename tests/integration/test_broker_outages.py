@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -19,14 +21,18 @@ from confluent_kafka import Producer
 
 from redrive import kafka
 from redrive.clock import now_ms
+from redrive.consumer import RetryingConsumer
 from redrive.delay import DelayService, Tiers, schedule
 from redrive.dev.brokers import DevBroker
+from redrive.kafka import closing
+from redrive.policy import Backoff, RetryPolicy
+from redrive.record import Record
 from redrive.store import RetryStore, Scheduler
 from redrive.store.rows import Entry
 from redrive.store.schema import IN_FLIGHT, PENDING
 
 from .background import Background
-from .consumer.conftest import read_all, wait_until
+from .consumer.conftest import Handled, read_all, wait_until
 
 RECORDS = 3000
 OUTAGE_S = 4.0
@@ -34,6 +40,8 @@ OUTAGE_S = 4.0
 # 1,000 records acknowledged 0.5 s before it, none after the restart; all of them 1 s before).
 # What a test needs to survive the kill is written this long before it.
 DURABLE_S = 1.5
+# A consumer's timeout_s, which bounds its stop while the broker does not answer.
+STOP_TIMEOUT_S = 5.0
 
 
 def check_reported_once(caplog: pytest.LogCaptureFixture, who: str) -> None:
@@ -170,3 +178,59 @@ def test_the_store_scheduler_publishes_every_row_once_the_broker_is_back(
     check_reported_once(caplog, "store scheduler")
     failed = [r for r in caplog.records if "scheduler pass failed" in r.getMessage()]
     assert len(failed) == 0, [r.getMessage() for r in failed]  # the outage's line says it all
+
+
+def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_loses_nothing(
+        own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
+    # librdkafka's close waits for its unanswered commits until the coordinator answers: with
+    # the broker SIGSTOPped, stop() had not returned after 400 s.
+    bootstrap = own_broker.bootstrap
+    topic, group = f"outage-stop-{time.monotonic_ns()}", "outage-stop"
+    kafka.create_topics(kafka.admin(bootstrap), {topic: 2})
+    producer = kafka.producer(bootstrap)
+    for n in range(RECORDS):
+        producer.produce(topic, b"%d" % n)
+    assert producer.flush(30) == 0
+    calls = Handled()
+    succeeded: set[int] = set()
+    policy = RetryPolicy(backoff=Backoff.fixed("200ms"), attempts=3)
+
+    def handle(record: Record) -> None:
+        calls.add(record)
+        time.sleep(0.002)  # still working through the topic when the broker stops answering
+        number = int(record.value or b"")
+        if number % 10 == 0 and record.delivery.attempt == 0:
+            raise ValueError("fails once")
+        with calls.lock:
+            succeeded.add(number)
+
+    run = Background(RetryingConsumer(bootstrap, topic, group, policy, handle,
+                                      timeout_s=STOP_TIMEOUT_S))
+    wait_until(lambda: len(calls.values()) > 300, 30, "300 records handled before the outage")
+    assert own_broker.pid is not None
+    os.kill(own_broker.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            run.stop(timeout_s=STOP_TIMEOUT_S + 30)
+        took = time.monotonic() - started
+        handled_before = len(calls.values())
+    finally:
+        os.kill(own_broker.pid, signal.SIGCONT)
+    # The batch in hand waits timeout_s at most for its copies, the close as long again, and
+    # the consumer's close is given at least LEAST_S.
+    assert took < 2 * STOP_TIMEOUT_S + closing.LEAST_S + 3, took
+    said = [r.getMessage() for r in caplog.records]
+    assert any("not answered in time" in m or "did not close in time" in m for m in said), said
+    assert handled_before < RECORDS + RECORDS // 10
+    # Nothing lost: another member of the group, started once the broker answers again,
+    # succeeds with every number the first one did not finish, the failed ones on a retry.
+    again = Background(RetryingConsumer(bootstrap, topic, group, policy, handle))
+    try:
+        wait_until(lambda: len(succeeded) == RECORDS, 90,
+                   "every number handled with success once the broker answers again")
+    finally:
+        again.stop(timeout_s=60)
+    retried = {int(r.value or b"") for r, _ in calls.calls if r.delivery.attempt == 1}
+    assert retried == set(range(0, RECORDS, 10))

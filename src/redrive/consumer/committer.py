@@ -47,6 +47,8 @@ log = logging.getLogger("redrive.consumer")
 
 # Batches whose copies may be unconfirmed at once before the runtime waits for the oldest.
 MAX_UNCONFIRMED_BATCHES = 8
+# How long one wait for the member's callbacks lasts while closing.
+AWAIT_COMMITS_POLL_S = 0.1
 
 
 class Committer:
@@ -72,6 +74,8 @@ class Committer:
         self._pipeline = CommitPipeline()
         # Offsets committed asynchronously since the last synchronous commit.
         self._unsynced: dict[PartitionKey, int] = {}
+        # Asynchronous commits not answered yet (on_commit is not called for synchronous ones).
+        self._in_flight = 0
         self._holds = holds
         self._refusals = Refusals()
 
@@ -80,10 +84,12 @@ class Committer:
         """Whether copies produced are still waiting for the broker's acknowledgement."""
         return bool(self._pipeline)
 
-    def close(self) -> None:
+    def close(self, deadline: float) -> None:
+        """Release the producers, waiting until the monotonic `deadline` at most for what they
+        hold: copies of batches already rewound, whose offsets were not committed."""
         if self._producer is not None:
             try:
-                self._producer.flush(self._timeout_s)
+                self._producer.flush(_left(deadline))
             except KafkaException as exc:
                 # What it held cannot be delivered, and was not committed: nothing to lose.
                 if not producer_failed(exc):
@@ -165,12 +171,20 @@ class Committer:
                 self._serve(0.005)
             self.settle()
 
-    def settle_all(self, exclude: Iterable[PartitionKey] = ()) -> None:
+    def settle_all(self, exclude: Iterable[PartitionKey] = (), *,
+                   deadline: float | None = None) -> None:
         """Wait for every copy produced so far, commit what was acknowledged, and commit once
-        more, synchronously, what was committed asynchronously since the last time (on revoke
-        and close: the next owner starts from there)."""
+        more what was committed asynchronously since the last time (on revoke and close: the
+        next owner starts from there).
+
+        On revoke (no deadline) that last commit is synchronous: a rebalance callback cannot
+        serve the member's callbacks. On close it is asynchronous, and the member's callbacks
+        are served until every commit in flight is answered or the monotonic `deadline`
+        passes: a synchronous commit, like the close after it, waits for as long as the
+        group's coordinator does not answer (see `redrive.kafka.closing`)."""
         if self._pipeline:
-            if self._serve(self._timeout_s, flush=True) > 0:
+            wait_s = self._timeout_s if deadline is None else _left(deadline)
+            if self._serve(wait_s, flush=True) > 0:
                 self._pipeline.expire_all(self._timeout_s)
             while self._pipeline:
                 self.settle(exclude, leaving=True)
@@ -178,10 +192,23 @@ class Committer:
         owed = {tp: offset for tp, offset in self._unsynced.items()
                 if tp in self._assigned and tp not in skip}
         self._unsynced.clear()
-        # A synchronous commit waits for as long as the brokers are away: during an outage the
-        # asynchronous ones are all there is (at-least-once: the next owner may repeat some).
-        if owed and not self._health.down:
+        if deadline is not None:
+            if owed:
+                self._commit(owed)
+                self._unsynced.clear()
+            self._await_commits(deadline)
+        # During an outage the asynchronous commits are all there is (at-least-once: the next
+        # owner may repeat some).
+        elif owed and not self._health.down:
             self._commit_now(owed)
+
+    def _await_commits(self, deadline: float) -> None:
+        while self._in_flight > 0 and time.monotonic() < deadline:
+            self._consumer.serve_commits(min(_left(deadline), AWAIT_COMMITS_POLL_S))
+        if self._in_flight > 0:
+            log.warning("group %s: %d commits were not answered in time; the records they "
+                        "cover will be handled again by the partitions' next owner",
+                        self.group, self._in_flight)
 
     def _commit(self, offsets: Mapping[PartitionKey, int]) -> None:
         """Commit without waiting: a synchronous commit blocks the loop, and stop(), for as long
@@ -190,6 +217,7 @@ class Committer:
         self._refusals.forget(offsets)
         try:
             self._consumer.commit(offsets=_partitions(offsets), asynchronous=True)
+            self._in_flight += 1
         except KafkaException as exc:
             # The records are finished but not committed: whoever owns the partitions next
             # handles them again (at-least-once), which is all that can be done here.
@@ -198,6 +226,7 @@ class Committer:
 
     def committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """The outcome of a commit (the member's on_commit callback)."""
+        self._in_flight = max(self._in_flight - 1, 0)
         if error is not None:
             if not self._health.failed(KafkaException(error)):
                 log.warning("group %s: a commit failed: %s", self.group, error.str())
@@ -330,6 +359,10 @@ class Committer:
         if self._producer is None:
             raise RedriveError(f"consumer of group {self.group!r} has no producer for copies")
         return self._producer
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.0)
 
 
 def _partitions(offsets: Mapping[PartitionKey, int]) -> list[TopicPartition]:

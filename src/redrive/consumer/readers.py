@@ -34,6 +34,7 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
 
 from redrive import kafka
+from redrive.kafka.closing import close_within
 from redrive.metrics import Metrics
 from redrive.retention import report_gone
 
@@ -93,6 +94,7 @@ class Readers:
         # partition is assigned at that offset.
         self._draining: dict[tuple[str, int], list[int]] = {}  # tp -> [offset, handed]
         self._strays: set[tuple[str, int]] = set()  # retry partitions the member handed out
+        self._closing = False  # the member's partitions were paused for good by serve_commits
 
     @classmethod
     def open(cls, connection: kafka.Connection, group: str, config: Mapping[str, Any],
@@ -369,11 +371,25 @@ class Readers:
     def consumer_group_metadata(self) -> Any:
         return self.member.consumer_group_metadata()
 
-    def close(self) -> None:
-        # The member first: leaving the group runs the revoke callback, which still uses the
-        # reader.
-        try:
-            self.member.close()
-        finally:
-            if self.reader is not None:
-                self.reader.close()
+    def serve_commits(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the member's callbacks (the outcomes of its commits), on
+        the way out: its partitions are paused first, and a record it returns anyway is
+        dropped, neither handled nor committed."""
+        if not self._closing:
+            self._closing = True
+            self.member.pause(self.member.assignment())
+        self.member.consume(1, timeout_s)
+
+    def close(self, deadline: float, who: str) -> None:
+        """Close both consumers, giving up waiting at the monotonic `deadline` (see
+        `redrive.kafka.closing`)."""
+        def close_both() -> None:
+            # The member first: leaving the group runs the revoke callback, which still uses
+            # the reader.
+            try:
+                self.member.close()
+            finally:
+                if self.reader is not None:
+                    self.reader.close()
+
+        close_within(close_both, deadline, who)

@@ -22,18 +22,17 @@ behind a backlog of the main topics. Each poll batch is handled record by record
   that record instead (`redrive.consumer.brakes`) until `redrive resume` or the cool-off.
 
 After each batch the committer (`redrive.consumer.committer`) produces its copies and commits
-its offsets: at-least-once without waiting, and never past a record that is unfinished or whose
-copy is unacknowledged (a failed delivery rewinds the batch); transactional, the copies and the
-offsets as one Kafka transaction, so that after any crash no copy is visible twice to
-read_committed readers.
+its offsets: at-least-once without waiting, never past a record unfinished or whose copy is
+unacknowledged (a failed delivery rewinds the batch); transactional, copies and offsets as one
+Kafka transaction, so that after any crash no copy is visible twice to read_committed readers.
 
-Rebalance callbacks run only inside `poll()`, between batches. On revoke, and at stop() and
-close(), the runtime waits for the unconfirmed copies and commits every batch acknowledged (on
-lost, nothing of the lost partitions), then drops the holds and in-place state of the partitions.
+Rebalance callbacks run only inside `poll()`, between batches. On revoke and close, the runtime
+waits for the unconfirmed copies and commits every batch acknowledged (on lost, nothing of the
+lost partitions; on close, for timeout_s at most), then drops the partitions' holds and state.
 
 Through a broker outage the loop goes on (`redrive.kafka.health`): nothing unconfirmed is
-committed, the outage is logged once and exposed as `redrive_broker_up`, and a producer of copies
-that failed for good (its idempotence state lost in a broker restart) is replaced.
+committed, the outage is logged once (`redrive_broker_up`), a producer that failed for good is
+replaced, and a stop does not wait for the brokers' return (`redrive.kafka.closing`).
 """
 
 from __future__ import annotations
@@ -108,7 +107,8 @@ class RetryingConsumer:
         (redrive.store.StoreBackend).
 
     run() handles records until stop() or SIGTERM/SIGINT (when run from the main thread), then
-    commits what it finished and closes the consumer, so the group rebalances at once.
+    commits what it finished and leaves, so the group rebalances at once. timeout_s bounds a
+    copy's wait for its acknowledgement, and a close's for brokers that do not answer.
     """
 
     def __init__(self, connection: kafka.Connection, topics: str | Sequence[str], group: str,
@@ -272,20 +272,20 @@ class RetryingConsumer:
         self._stopping.set()
 
     def close(self) -> None:
-        """Commit what is finished and acknowledged, leave the group (nothing unfinished is
-        committed) and release the clients."""
+        """Commit what is finished and acknowledged (nothing unfinished), leave the group."""
         if self._closed:
             return
         self._closed = True
         self._stop[0] = 1
         self._stopping.set()
+        deadline = time.monotonic() + self._timeout_s  # a stop must fit a grace period
         if self._consumer is not None:
             try:
-                self._require_committer().settle_all()
+                self._require_committer().settle_all(deadline=deadline)
             finally:
-                self._consumer.close()
+                self._consumer.close(deadline, f"group {self.group}")
         if self._committer is not None:
-            self._committer.close()
+            self._committer.close(deadline)
         if self._brake is not None:
             self._brake.close()
 

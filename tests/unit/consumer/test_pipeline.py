@@ -5,6 +5,7 @@ commits what was acknowledged and nothing else. The runtime is driven with fake 
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -138,11 +139,29 @@ class FakeConsumer:
         self.commits: list[dict[tuple[str, int], int]] = []  # asynchronous: each batch's
         self.synced: list[dict[tuple[str, int], int]] = []  # synchronous: on revoke and close
         self.seeks: list[tuple[str, int, int]] = []
+        # The member's on_commit callback, which consume() calls for each asynchronous commit
+        # not answered yet (as librdkafka does from poll); None: the coordinator never answers.
+        self.on_commit: Callable[[KafkaError | None, list[Any]], None] | None = None
+        self.unanswered: list[list[Any]] = []
+        self.paused: list[Any] = []
 
     def commit(self, offsets: list[Any], asynchronous: bool) -> list[Any] | None:
         (self.commits if asynchronous else self.synced).append(
             {(p.topic, p.partition): p.offset for p in offsets})
+        if asynchronous:
+            self.unanswered.append(offsets)
         return None if asynchronous else offsets  # each with error None
+
+    def assignment(self) -> list[Any]:
+        return [_Partition(*A), _Partition(*B)]
+
+    def consume(self, count: int, timeout: float) -> list[Any]:
+        if self.on_commit is None:
+            time.sleep(timeout)
+            return []
+        while self.unanswered:
+            self.on_commit(None, self.unanswered.pop(0))
+        return []
 
     def seek(self, partition: Any) -> None:
         if self.seek_error is not None:
@@ -153,7 +172,7 @@ class FakeConsumer:
         pass
 
     def pause(self, partitions: list[Any]) -> None:
-        pass
+        self.paused.extend((p.topic, p.partition) for p in partitions)
 
     def close(self) -> None:
         pass
@@ -176,6 +195,7 @@ def _fake_runtime(fails: set[bytes], *, holds: bool = False
                                    holds=runtime._holds if holds else None)
     runtime._partitions = {"orders.g.retry.1s": 2, "orders.g.dlt": 2}
     runtime._assigned.update([A, B])
+    consumer.on_commit = runtime._committer.committed
     return runtime, consumer, producer
 
 
@@ -272,8 +292,26 @@ def test_close_commits_the_acknowledged_batches() -> None:
     runtime, consumer, _ = _fake_runtime({b"0-1"})
     runtime._handle_batch(_batch(0, range(0, 5)))
     runtime.close()
-    assert consumer.commits == [{A: 5}]
-    assert consumer.synced == [{A: 5}]
+    # Once more on the way out, without waiting (a synchronous commit waits for as long as the
+    # coordinator does not answer), then the answers are served with the partitions paused.
+    assert consumer.commits == [{A: 5}, {A: 5}]
+    assert consumer.synced == []
+    assert consumer.unanswered == []
+    assert set(consumer.paused) == {A, B}
+
+
+def test_close_gives_up_on_unanswered_commits_at_its_deadline(
+        caplog: pytest.LogCaptureFixture) -> None:
+    runtime, consumer, _ = _fake_runtime({b"0-1"})
+    consumer.on_commit = None
+    runtime._timeout_s = 0.3
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    started = time.monotonic()
+    runtime.close()
+    assert 0.3 <= time.monotonic() - started < 1.0
+    assert consumer.commits == [{A: 5}, {A: 5}]
+    assert len(consumer.unanswered) == 2
+    assert "2 commits were not answered in time" in caplog.text
 
 
 class _Partition:
