@@ -46,6 +46,7 @@ from redrive.delay.schedule import check_target
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
 from redrive.errors import DeliveryFailed, InvalidArgument, MalformedHeader, RedriveError
 from redrive.kafka.admin import waiting_past
+from redrive.kafka.closing import close_within
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Refusals, Why
 from redrive.kafka.produce import discard_producer, producer_failed
@@ -62,6 +63,8 @@ MAX_BATCH = 5000
 # How long one poll may block when no partition is due sooner: bounds the reaction to stop().
 IDLE_POLL_S = 0.2
 TOPIC_READY_TIMEOUT_S = 30.0
+# How long closing waits for the consumer, then for the forwarded copies not yet acknowledged.
+CLOSE_TIMEOUT_S = 10.0
 
 CONSUMER_SETTINGS: Mapping[str, Any] = {
     # The fetch queue is the only buffer of pending records; bounding it keeps memory flat
@@ -223,10 +226,12 @@ class DelayService:
 
     def _close(self) -> None:
         if self._consumer is not None:
-            self._consumer.close()
+            # Bounded, as a stop must be, while the brokers do not answer its commits.
+            close_within(self._consumer.close, time.monotonic() + CLOSE_TIMEOUT_S,
+                         f"delay service {self.group_id}")
             self._consumer = None
         if self._producer is not None:
-            self._producer.flush(10)
+            self._producer.flush(CLOSE_TIMEOUT_S)
             self._producer = None
         if self._transactions is not None:
             self._transactions.close()
