@@ -215,7 +215,8 @@ def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_l
         with caplog.at_level(logging.WARNING):
             run.stop(timeout_s=STOP_TIMEOUT_S + 30)
         took = time.monotonic() - started
-        handled_before = len(calls.values())
+        with calls.lock:
+            left_unfinished = RECORDS - len(succeeded)
     finally:
         os.kill(own_broker.pid, signal.SIGCONT)
     # The batch in hand waits timeout_s at most for its copies, the close as long again, and
@@ -223,7 +224,7 @@ def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_l
     assert took < 2 * STOP_TIMEOUT_S + closing.LEAST_S + 3, took
     said = [r.getMessage() for r in caplog.records]
     assert any("not answered in time" in m or "did not close in time" in m for m in said), said
-    assert handled_before < RECORDS + RECORDS // 10
+    assert left_unfinished > 0  # else the second member below would have nothing to show
     # Nothing lost: another member of the group, started once the broker answers again,
     # succeeds with every number the first one did not finish, the failed ones on a retry.
     again = Background(RetryingConsumer(bootstrap, topic, group, policy, handle))
