@@ -38,3 +38,26 @@ def test_the_ephemeral_range_is_read_from_the_kernel_or_defaults(tmp_path: Path)
     assert ports.ephemeral_low(tmp_path / "missing") == 32_768
     (tmp_path / "bad").write_text("")
     assert ports.ephemeral_low(tmp_path / "bad") == 32_768
+
+
+def test_the_kernel_chooses_when_no_room_is_left_below_the_ephemeral_range(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kernels = ports.ephemeral_low(ports.EPHEMERAL_RANGE_FILE)
+    monkeypatch.setattr(ports, "_handed_out", set())
+    monkeypatch.setattr(ports, "ephemeral_low", lambda path: ports.LOWEST + 999)
+    monkeypatch.setattr(ports.random, "randint", lambda low, high: pytest.fail("drew a port"))
+    narrow = ports.free_port()
+    assert narrow >= kernels
+    assert narrow in ports._handed_out
+
+
+def test_the_kernel_chooses_when_every_draw_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernels = ports.ephemeral_low(ports.EPHEMERAL_RANGE_FILE)
+    taken = ports._kernel_choice()
+    monkeypatch.setattr(ports, "_handed_out", {taken})
+    monkeypatch.setattr(ports, "ephemeral_low", lambda path: 40_000)
+    draws: list[int] = []
+    monkeypatch.setattr(ports.random, "randint", lambda low, high: draws.append(taken) or taken)
+    chosen = ports.free_port()
+    assert len(draws) == ports.TRIES
+    assert chosen != taken and chosen >= kernels
