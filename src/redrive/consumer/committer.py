@@ -195,7 +195,6 @@ class Committer:
         if deadline is not None:
             if owed:
                 self._commit(owed)
-                self._unsynced.clear()
             self._await_commits(deadline)
         # During an outage the asynchronous commits are all there is (at-least-once: the next
         # owner may repeat some).
