@@ -195,6 +195,9 @@ class Committer:
         if deadline is not None:
             if owed:
                 self._commit(owed)
+                # _commit keeps them owed, and the consumer's close runs the revoke callback,
+                # whose settle_all would commit them again synchronously: the wait this avoids.
+                self._unsynced.clear()
             self._await_commits(deadline)
         # During an outage the asynchronous commits are all there is (at-least-once: the next
         # owner may repeat some).
