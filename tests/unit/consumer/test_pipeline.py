@@ -300,6 +300,20 @@ def test_close_commits_the_acknowledged_batches() -> None:
     assert set(consumer.paused) == {A, B}
 
 
+def test_the_revoke_inside_the_consumers_close_commits_nothing_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime, consumer, _ = _fake_runtime({b"0-1"})
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    partitions = [_Partition(*A), _Partition(*B)]
+    # librdkafka's close() runs the rebalance callback: here, with the partitions revoked.
+    monkeypatch.setattr(consumer, "close", lambda: runtime._on_revoke(
+        consumer, partitions))  # type: ignore[arg-type]
+    runtime.close()
+    assert consumer.commits == [{A: 5}, {A: 5}]
+    assert consumer.synced == []  # a synchronous commit would wait out a frozen coordinator
+    assert runtime._assigned == set()
+
+
 def test_close_gives_up_on_unanswered_commits_at_its_deadline(
         caplog: pytest.LogCaptureFixture) -> None:
     runtime, consumer, _ = _fake_runtime({b"0-1"})
