@@ -294,10 +294,11 @@ def read_topic(connection: Connection, topic: str, partitions: int, *, idle_s: f
 
 
 def read_ranges(connection: Connection, ranges: Sequence[PartitionRange], *,
-                idle_s: float) -> Iterator[Message]:
-    """The records of these ranges, read by a consumer of their own that the end closes."""
+                idle_s: float, overrides: Mapping[str, Any] | None = None) -> Iterator[Message]:
+    """The records of these ranges, read by a consumer of their own that the end closes
+    (`overrides`: its settings beyond the rules', such as another isolation level)."""
     errors = LastClientError()
-    reader_consumer = range_consumer(connection, errors=errors)
+    reader_consumer = range_consumer(connection, overrides, errors=errors)
     try:
         reader = RangeReader(reader_consumer, ranges, idle_s=idle_s, errors=errors)
         for chunk in reader.chunks():
