@@ -47,9 +47,15 @@ class Read:
         return None if raw is None else raw.decode(errors="replace")
 
 
-def read_topic(bootstrap: str, topic: str, *, start: dict[int, int] | None = None) -> list[Read]:
+def read_topic(bootstrap: str, topic: str, *, start: dict[int, int] | None = None,
+               committed_only: bool = True) -> list[Read]:
     """Every committed record of a topic (from `start` offsets per partition), read_committed;
-    nothing for a topic that does not exist."""
+    with committed_only=False every record written, aborted ones included (read_uncommitted);
+    nothing for a topic that does not exist.
+
+    Each partition is read from its first offset whatever `start` says: on noida-db a
+    read_committed fetch that begins past an aborted transaction gets none of that producer's
+    later records (docs/benchmarks.md), and a count must not miss what it counts."""
     admin = kafka.admin(bootstrap)
     partitions = kafka.topic_partitions(admin).get(topic, 0)
     if not partitions:
@@ -59,9 +65,8 @@ def read_topic(bootstrap: str, topic: str, *, start: dict[int, int] | None = Non
         ranges = []
         for partition in range(partitions):
             low, high = kafka.watermarks(probe, topic, partition)
-            first = max(low, (start or {}).get(partition, low))
-            if high > first:
-                ranges.append(PartitionRange(topic, partition, first, high))
+            if high > max(low, (start or {}).get(partition, low)):
+                ranges.append(PartitionRange(topic, partition, low, high))
     finally:
         probe.close()
     if not ranges:
@@ -69,8 +74,11 @@ def read_topic(bootstrap: str, topic: str, *, start: dict[int, int] | None = Non
     # noida-db answers a fetch with a partition's whole backlog, past librdkafka's default
     # limit on a response (100 MB) when dead letters carry the random fault's huge headers.
     connection = {"bootstrap.servers": bootstrap, "receive.message.max.bytes": 1_000_000_000}
+    isolation = {} if committed_only else {"isolation.level": "read_uncommitted"}
     return [Read(str(m.topic()), int(m.partition() or 0), int(m.offset() or 0), m.value(),
-                 kafka.message_headers(m)) for m in read_ranges(connection, ranges, idle_s=30)]
+                 kafka.message_headers(m))
+            for m in read_ranges(connection, ranges, idle_s=30, overrides=isolation)
+            if int(m.offset() or 0) >= (start or {}).get(int(m.partition() or 0), 0)]
 
 
 def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
@@ -94,30 +102,61 @@ def waiting(bootstrap: str, group: str, topics: Iterable[str]) -> list[Read]:
     return out
 
 
+def aborted_offsets(bootstrap: str, topic: str) -> dict[int, list[int]]:
+    """By partition, the offsets of records a read_uncommitted reader gets and a read_committed
+    one does not: the records of aborted transactions (once every producer has stopped, none is
+    still open)."""
+    kept = {(r.partition, r.offset) for r in read_topic(bootstrap, topic)}
+    out: dict[int, list[int]] = {}
+    for read in read_topic(bootstrap, topic, committed_only=False):
+        if (read.partition, read.offset) not in kept:
+            out.setdefault(read.partition, []).append(read.offset)
+    return out
+
+
 def copy_key(read: Read) -> tuple[str | None, str | None, str | None, str | None]:
     """What makes a retry copy one: the record it copies, and after which failure."""
     return (read.header(h.ORIGINAL_TOPIC), read.header(h.ORIGINAL_PARTITION),
             read.header(h.ORIGINAL_OFFSET), read.header(h.ATTEMPT))
 
 
-def passed_over(numbers: Iterable[int], copies: Iterable[Read], commit: dict[int, int],
-                handled: set[tuple[int, int]]) -> dict[int, Read]:
+def passed_over(numbers: Iterable[int], copies: Iterable[Read], handled: set[tuple[int, int]],
+                aborted: dict[int, list[int]]) -> dict[int, Read]:
     """Of these unfinished numbers, those whose copy for an attempt never handled is committed
-    in the retry topic below the group's committed offset (`commit`, by partition): written and
-    committed by redrive, and passed over by the group's reader. On noida-db, a read_committed
-    consumer can pass over a producer's committed records once its transactional id was taken
-    over from a producer that died mid-transaction (docs/benchmarks.md); on Apache Kafka such a
-    copy would be read."""
+    in the retry topic behind a record of an aborted transaction in the same partition
+    (`aborted`, from aborted_offsets): written and committed by redrive, and passed over by the
+    group's reader. noida-db lists an aborted transaction in the answer to every fetch past it,
+    and librdkafka then takes each later record of that producer for an aborted one
+    (docs/benchmarks.md); on Apache Kafka such a copy would be read. Below the group's commit
+    the number counts as lost, past it as stuck; either way it is set apart as passed over."""
     wanted = set(numbers)
     found: dict[int, Read] = {}
     for copy in copies:
         attempt = copy.header(h.ATTEMPT)
         if copy.number not in wanted or attempt is None or not attempt.isdigit():
             continue
-        if (copy.number, int(attempt)) not in handled and \
-                copy.offset < commit.get(copy.partition, -1):
-            found[copy.number] = copy
+        first_abort = min(aborted.get(copy.partition, ()), default=copy.offset)
+        if (copy.number, int(attempt)) not in handled and first_abort < copy.offset:
+            found.setdefault(copy.number, copy)
     return found
+
+
+def stuck_note(numbers: set[int], in_flight: Iterable[Read], commits: dict[str, dict[int, int]],
+               aborted: dict[int, list[int]]) -> str:
+    """Where the first stuck numbers wait, beside the group's commits and each retry
+    partition's first aborted record: what tells a reader that stopped from a broker that held
+    records back, should a run fail on them."""
+    stuck = sorted((r for r in in_flight if r.number in numbers),
+                   key=lambda r: (r.number, r.topic, r.offset))[:10]
+    places = ", ".join(f"{r.number} at {r.topic}[{r.partition}]@{r.offset}" for r in stuck)
+    firsts = {partition: min(offsets) for partition, offsets in sorted(aborted.items())}
+    return f"stuck: {places}; commits {commits}; first aborted record by retry partition {firsts}"
+
+
+def where(copies: dict[int, Read]) -> str:
+    """The first ten numbers and where each one's copy is."""
+    return ", ".join(f"{n} at {r.topic}[{r.partition}]@{r.offset}"
+                     for n, r in sorted(copies.items())[:10])
 
 
 def handled_attempts(sink_lines: Iterable[str]) -> set[tuple[int, int]]:
@@ -153,12 +192,14 @@ class Outcome:
     rehandled: int = 0
     misrouted: int = 0
     stuck: int = 0
-    # Lost to the noida-db deviation below (passed_over), not counted in `lost`.
+    # Lost or stuck to the noida-db deviation below (passed_over), not counted in `lost` or
+    # `stuck`.
     passed_over: int = 0
     crashes: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     lost_numbers: set[int] = field(default_factory=set)
+    stuck_numbers: set[int] = field(default_factory=set)
 
     @property
     def promises_no_duplicates(self) -> bool:
@@ -177,18 +218,25 @@ class Outcome:
 
     def set_apart(self, passed: dict[int, Read]) -> None:
         """Count these lost numbers as passed over (see passed_over), with where each copy is."""
-        if not passed:
-            return
-        self.lost_numbers -= set(passed)
-        self.lost = len(self.lost_numbers)
-        self.passed_over = len(passed)
-        where = ", ".join(f"{n} at {r.topic}[{r.partition}]@{r.offset}"
-                          for n, r in sorted(passed.items())[:10])
+        if passed:
+            self.lost_numbers -= set(passed)
+            self.lost = len(self.lost_numbers)
+            self._passed(passed, "below")
+
+    def set_apart_stuck(self, passed: dict[int, Read]) -> None:
+        """Count these stuck numbers as passed over (see passed_over)."""
+        if passed:
+            self.stuck_numbers -= set(passed)
+            self.stuck = len(self.stuck_numbers)
+            self._passed(passed, "past")
+
+    def _passed(self, passed: dict[int, Read], side: str) -> None:
+        self.passed_over += len(passed)
         self.notes.append(
             f"noida-db deviation (docs/benchmarks.md): the next copy of {len(passed)} "
-            f"number(s) is committed in the retry topic below the group's commit, readable by a "
-            f"new read_committed consumer, never handled: the group's reader passed over it "
-            f"after a transactional producer died mid-transaction ({where})")
+            f"number(s) is committed in the retry topic {side} the group's commit, behind an "
+            f"aborted transaction in its partition, readable by a read_committed consumer that "
+            f"starts before the abort, never handled ({where(passed)})")
 
     def tally(self, expected: dict[int, str], successes: Counter[int], dead: Counter[int], *,
               in_flight: Iterable[int] = (), copies_twice: int = 0,
@@ -202,9 +250,9 @@ class Outcome:
         self.dead_lettered = len(set(dead) & set(expected))
         skipped = {n for n, kind in expected.items() if kind == "skip"}
         unfinished = set(expected) - skipped - set(successes) - set(dead)
-        waiting = unfinished & set(in_flight)
-        self.stuck = len(waiting)
-        self.lost_numbers = unfinished - waiting
+        self.stuck_numbers = unfinished & set(in_flight)
+        self.stuck = len(self.stuck_numbers)
+        self.lost_numbers = unfinished - self.stuck_numbers
         self.lost = len(self.lost_numbers)
         # "skip": another group's record, neither handled nor dead-lettered by this one.
         self.misrouted = (sum(1 for n in successes if expected.get(n, "dead") != "ok")

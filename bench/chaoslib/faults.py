@@ -16,12 +16,15 @@ from chaoslib.count import (
     CLEAN_STOP,
     TRANSACTIONAL,
     Outcome,
+    Read,
+    aborted_offsets,
     committed,
     copy_key,
     handled_attempts,
     passed_over,
     read_topic,
     repeats,
+    stuck_note,
     waiting,
 )
 from chaoslib.procs import Part
@@ -58,18 +61,28 @@ def finish(run: ConsumerRun, fault: str, mode: str, sizes: Sizes) -> Outcome:
     reasons = Counter(r.header("redrive-reason") for r in run.dead_letters())
     if set(reasons) - {"exhausted"}:
         outcome.notes.append(f"dead-letter reasons: {dict(reasons)}")
-    in_flight = {r.number for r in waiting(run.bootstrap, run.group,
-                                           [run.topic, run.retry_topic])}
+    in_flight = waiting(run.bootstrap, run.group, [run.topic, run.retry_topic])
     transactional = mode == TRANSACTIONAL
-    outcome.tally(run.expected, run.successes(), run.dead(), in_flight=in_flight,
+    outcome.tally(run.expected, run.successes(), run.dead(),
+                  in_flight={r.number for r in in_flight},
                   copies_twice=repeats(Counter(copy_key(c) for c in copies))
                   if transactional else 0,
                   sink_covered=not transactional)
-    if transactional and outcome.lost:
-        outcome.set_apart(passed_over(outcome.lost_numbers, copies,
-                                      committed(run.bootstrap, run.group, run.retry_topic),
-                                      handled_attempts(run.sink_lines())))
+    if transactional and (outcome.lost or outcome.stuck):
+        aborted = aborted_offsets(run.bootstrap, run.retry_topic)
+        handled = handled_attempts(run.sink_lines())
+        outcome.set_apart(passed_over(outcome.lost_numbers, copies, handled, aborted))
+        outcome.set_apart_stuck(passed_over(outcome.stuck_numbers, copies, handled, aborted))
+    if outcome.stuck:
+        outcome.notes.append(where_stuck(run, outcome.stuck_numbers, in_flight))
     return outcome
+
+
+def where_stuck(run: ConsumerRun, numbers: set[int], in_flight: list[Read]) -> str:
+    commits = {topic: committed(run.bootstrap, run.group, topic)
+               for topic in (run.topic, run.retry_topic)}
+    return stuck_note(numbers, in_flight, commits, aborted_offsets(run.bootstrap,
+                                                                   run.retry_topic))
 
 
 def mode_args(mode: str) -> list[str]:

@@ -29,20 +29,23 @@ def copy(number: int, attempt: int, partition: int, offset: int) -> Any:
                       [(h.ATTEMPT, str(attempt).encode())])
 
 
-def test_only_a_committed_copy_below_the_commit_never_handled_counts_as_passed_over() -> None:
-    copies = [copy(1407, 1, 0, 51), copy(1407, 2, 0, 58),   # 2: never handled, below 60
-              copy(7, 2, 1, 12),                              # at the commit: still to be read
+def test_only_a_copy_never_handled_behind_an_abort_in_its_partition_counts_as_passed_over(
+        ) -> None:
+    copies = [copy(1407, 1, 0, 51), copy(1407, 2, 0, 58),   # 2: never handled, abort at 45
+              copy(7, 2, 1, 12),                              # partition 1: no abort
               copy(8, 2, 0, 40),                              # handled at attempt 2
-              copy(9, 1, 0, 41)]                              # handled at attempt 1
+              copy(9, 1, 0, 41),                              # handled at attempt 1
+              copy(11, 1, 2, 30)]                             # its partition's abort comes later
     handled = count.handled_attempts(["1407 0 t 0 350 fail 1 1.0", "1407 1 t 0 51 fail 2 2.0",
                                       "8 2 t 0 40 ok 2 3.0", "9 1 t 0 41 fail 2 3.0"])
-    found = count.passed_over({1407, 7, 8, 9, 10}, copies, {0: 60, 1: 12}, handled)
+    found = count.passed_over({1407, 7, 8, 9, 10, 11}, copies, handled,
+                              {0: [46, 45], 2: [31]})
     assert {n: (r.partition, r.offset) for n, r in found.items()} == {1407: (0, 58)}
 
 
 def test_a_copy_with_no_readable_attempt_is_not_counted() -> None:
     bad = count.Read(RETRY, 0, 3, b"5", [(h.ATTEMPT, b"x")])
-    assert count.passed_over({5}, [bad], {0: 10}, set()) == {}
+    assert count.passed_over({5}, [bad], set(), {0: [1]}) == {}
 
 
 def test_numbers_set_apart_leave_lost_and_are_named_in_a_note() -> None:
@@ -54,3 +57,25 @@ def test_numbers_set_apart_leave_lost_and_are_named_in_a_note() -> None:
     assert outcome.failed  # number 2 is still lost
     assert "1407 at t.g.retry.500ms[0]@58" in outcome.notes[-1]
     assert "passed over by the broker 1" in outcome.line()
+
+
+def test_stuck_numbers_set_apart_leave_stuck_and_are_named_in_a_note() -> None:
+    outcome = count.Outcome("consumer SIGKILL x3 (2 members)", count.TRANSACTIONAL)
+    outcome.tally({1: "ok", 2: "ok", 3: "ok"}, count.Counter({1: 1}), count.Counter(),
+                  in_flight={2, 3})
+    assert (outcome.stuck, outcome.lost) == (2, 0)
+    outcome.set_apart_stuck({3: copy(3, 1, 0, 140)})
+    assert (outcome.stuck, outcome.passed_over, outcome.stuck_numbers) == (1, 1, {2})
+    assert outcome.failed  # number 2 is still stuck
+    assert "past the group's commit, behind an aborted transaction" in outcome.notes[-1]
+    assert "3 at t.g.retry.500ms[0]@140" in outcome.notes[-1]
+    outcome.set_apart_stuck({2: copy(2, 1, 1, 9)})
+    assert (outcome.stuck, outcome.passed_over, outcome.failed) == (0, 2, False)
+
+
+def test_a_stuck_note_says_where_each_waits_beside_the_commits_and_first_aborts() -> None:
+    waiting = [copy(5, 1, 2, 44), count.Read("t", 0, 9, b"4", []), copy(99, 1, 0, 3)]
+    note = count.stuck_note({4, 5}, waiting, {"t": {0: 9}, RETRY: {2: 40}}, {2: [43, 41]})
+    assert note == ("stuck: 4 at t[0]@9, 5 at t.g.retry.500ms[2]@44; commits {'t': {0: 9}, "
+                    "'t.g.retry.500ms': {2: 40}}; first aborted record by retry partition "
+                    "{2: 41}")
