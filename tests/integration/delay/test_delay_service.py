@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from redrive import headers as h
 from redrive import kafka
@@ -198,7 +198,9 @@ def service_process(bootstrap: str, tiers: Tiers, group: str, instance: str,
 
 def committed_records_past_the_group(bootstrap: str, tiers: Tiers, group: str) -> int:
     """Records in the tiers past `group`'s committed offsets that a new read_committed consumer
-    reads: still there to forward, so not lost."""
+    reads: still there to forward, so not lost. Read from each partition's start: on noida-db a
+    read_committed fetch begun past an aborted transaction misses that producer's later
+    records (docs/benchmarks.md), which are the ones looked for."""
     admin = kafka.admin(bootstrap)
     member = kafka.consumer(bootstrap, group)
     try:
@@ -209,13 +211,14 @@ def committed_records_past_the_group(bootstrap: str, tiers: Tiers, group: str) -
     reader = kafka.consumer(bootstrap, overrides={"enable.partition.eof": True})
     try:
         wanted = [tp for tp in starts if tp.offset >= 0]
-        reader.assign(wanted)
+        past = {(tp.topic, tp.partition): tp.offset for tp in wanted}
+        reader.assign([TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in wanted])
         found, ended, deadline = 0, 0, time.monotonic() + 20
         while ended < len(wanted) and time.monotonic() < deadline:
             for message in reader.consume(1000, 0.5):
                 error = message.error()
                 if error is None:
-                    found += 1
+                    found += (message.offset() or 0) >= past[(message.topic(), message.partition())]
                 elif error.code() == KafkaError._PARTITION_EOF:
                     ended += 1
         return found
