@@ -180,12 +180,15 @@ def test_the_store_scheduler_publishes_every_row_once_the_broker_is_back(
     assert len(failed) == 0, [r.getMessage() for r in failed]  # the outage's line says it all
 
 
+@pytest.mark.parametrize("transactional", [False, True], ids=["at-least-once", "transactional"])
 def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_loses_nothing(
-        own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
+        transactional: bool, own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
     # librdkafka's close waits for its unanswered commits until the coordinator answers: with
-    # the broker SIGSTOPped, stop() had not returned after 400 s.
+    # the broker SIGSTOPped, stop() had not returned after 400 s. Transactional, the batch's
+    # send_offsets_to_transaction waited 60 s (librdkafka's request timeout, whatever the
+    # call's own), then its abort and a new producer timeout_s each: 69 s with timeout_s=5.
     bootstrap = own_broker.bootstrap
-    topic, group = f"outage-stop-{time.monotonic_ns()}", "outage-stop"
+    topic, group = f"outage-stop-{time.monotonic_ns()}", f"outage-stop-{transactional}"
     kafka.create_topics(kafka.admin(bootstrap), {topic: 2})
     producer = kafka.producer(bootstrap)
     for n in range(RECORDS):
@@ -205,7 +208,7 @@ def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_l
             succeeded.add(number)
 
     run = Background(RetryingConsumer(bootstrap, topic, group, policy, handle,
-                                      timeout_s=STOP_TIMEOUT_S))
+                                      timeout_s=STOP_TIMEOUT_S, transactional=transactional))
     wait_until(lambda: len(calls.values()) > 300, 30, "300 records handled before the outage")
     assert own_broker.pid is not None
     os.kill(own_broker.pid, signal.SIGSTOP)
@@ -219,15 +222,19 @@ def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_l
             left_unfinished = RECORDS - len(succeeded)
     finally:
         os.kill(own_broker.pid, signal.SIGCONT)
-    # The batch in hand waits timeout_s at most for its copies, the close as long again, and
+    # The batch in hand waits timeout_s at most for its copies (transactional: for its
+    # transaction's call in progress, then LEAST_S for the abort), the close as long again, and
     # the consumer's close is given at least LEAST_S.
-    assert took < 2 * STOP_TIMEOUT_S + closing.LEAST_S + 3, took
+    assert took < 2 * STOP_TIMEOUT_S + (2 if transactional else 1) * closing.LEAST_S + 3, took
     said = [r.getMessage() for r in caplog.records]
     assert any("not answered in time" in m or "did not close in time" in m for m in said), said
+    if transactional:
+        assert any("stopping without a new one" in m for m in said), said
     assert left_unfinished > 0  # else the second member below would have nothing to show
     # Nothing lost: another member of the group, started once the broker answers again,
     # succeeds with every number the first one did not finish, the failed ones on a retry.
-    again = Background(RetryingConsumer(bootstrap, topic, group, policy, handle))
+    again = Background(RetryingConsumer(bootstrap, topic, group, policy, handle,
+                                        transactional=transactional))
     try:
         wait_until(lambda: len(succeeded) == RECORDS, 90,
                    "every number handled with success once the broker answers again")

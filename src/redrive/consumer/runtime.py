@@ -216,7 +216,7 @@ class RetryingConsumer:
         if self.transactional:
             transactions = TransactionalProducer(
                 self._connection, self._transactional_id, overrides=self._producer_config,
-                timeout_s=self._timeout_s)
+                timeout_s=self._timeout_s, stopping=self._stopping)
             transactions.start()
         retry_topics = [name for name, main in self._main_of.items() if name != main]
         self._consumer = Readers.open(self._connection, self.group,

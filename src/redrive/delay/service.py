@@ -212,7 +212,8 @@ class DelayService:
         if self.transactional:
             suffix = self.instance_id or uuid.uuid4().hex
             self._transactions = TransactionalProducer(
-                self._watched, f"{self.group_id}.{suffix}", overrides=overrides)
+                self._watched, f"{self.group_id}.{suffix}", overrides=overrides,
+                stopping=self._stopping)
             # Fences any older producer with this id and aborts what it left open.
             self._transactions.start()
         else:

@@ -15,18 +15,28 @@ that each failure is handled one way:
 - fencing (another producer started with the same transactional id: a newer instance of the
   same service): making a new producer would fence that one in turn, so `ProducerFenced` is
   raised and the caller stops.
+
+A caller that is stopping (its `stopping` event set) gets no commit tried again, an abort that
+waits `closing.LEAST_S` at most (a broker that answers at all aborts in milliseconds) and no new
+producer: a stop must end in about `timeout_s` even while no broker answers. The producer's
+requests time out after `timeout_s` too (librdkafka's socket.timeout.ms, 60 s by default),
+since a call such as send_offsets_to_transaction waits for its request, whatever timeout the
+call itself was given. A transaction left open by a stop is aborted by the broker after
+transaction.timeout.ms, or at once by the next producer with the same transactional id.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from redrive.errors import DeliveryFailed, RedriveError
+from redrive.kafka.closing import LEAST_S
 from redrive.kafka.config import Connection, producer
 from redrive.kafka.produce import Shrink, produce
 from redrive.kafka.records import OutRecord
@@ -60,17 +70,21 @@ class TransactionalProducer:
     """A transactional producer that outlives its fatal errors.
 
     connection / overrides: as for `kafka.producer`; `make` builds the producer from the same
-    arguments (a test passes one that fails on purpose).
+    arguments (a test passes one that fails on purpose); `stopping`: the caller's stop, set from
+    any thread (see the module).
     """
 
     def __init__(self, connection: Connection, transactional_id: str, *,
                  overrides: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
-                 make: ProducerFactory = producer) -> None:
+                 make: ProducerFactory = producer,
+                 stopping: threading.Event | None = None) -> None:
         self.transactional_id = transactional_id
         self._connection = connection
-        self._overrides = dict(overrides or {})
+        self._overrides = {"socket.timeout.ms": max(10, int(timeout_s * 1000)),
+                           **(overrides or {})}
         self._timeout_s = timeout_s
         self._make = make
+        self._stopping = stopping or threading.Event()
         self._producer: Producer | None = None
         self.renewed = 0  # producers made again after a fatal error
 
@@ -169,14 +183,14 @@ class TransactionalProducer:
             except KafkaException as exc:
                 error = exc.args[0]
                 if not (isinstance(error, KafkaError) and error.retriable()) \
-                        or attempt == _COMMIT_TRIES:
+                        or attempt == _COMMIT_TRIES or self._stopping.is_set():
                     raise
                 log.warning("committing the transaction of %s failed (%s); trying again",
                             self.transactional_id, error.str())
 
     def _abort(self, producer_: Producer) -> None:
         try:
-            producer_.abort_transaction(self._timeout_s)
+            producer_.abort_transaction(LEAST_S if self._stopping.is_set() else self._timeout_s)
         except KafkaException as exc:
             self._raise_if_fenced(exc)
             error = exc.args[0]
@@ -185,13 +199,18 @@ class TransactionalProducer:
             self._renew(error.str() if isinstance(error, KafkaError) else str(error))
 
     def _renew(self, why: str) -> None:
-        """Drop the producer and start a new one with the same transactional id."""
+        """Drop the producer and start a new one with the same transactional id (none while
+        stopping: the stop then ends with no producer)."""
         old, self._producer = self._producer, None
         if old is not None:
-            log.error("transactional producer %s failed fatally (%s); starting a new one",
-                      self.transactional_id, why)
+            log.error("transactional producer %s failed fatally (%s); %s",
+                      self.transactional_id, why,
+                      "stopping without a new one" if self._stopping.is_set()
+                      else "starting a new one")
             with contextlib.suppress(KafkaException, RuntimeError):
                 old.purge()
+        if self._stopping.is_set():
+            return
         try:
             self.start()
         except KafkaException as exc:

@@ -1,14 +1,15 @@
 """redrive.kafka.transactions against the session broker: records and a group's offsets commit
 together; a fatal producer error (injected through `make=`) aborts the transaction and renews the
 producer, and the next run commits exactly once; an abortable error aborts without a new producer,
-a retriable commit error is retried; a second producer with the same transactional id fences the
-first.
+a retriable commit error is retried, unless the caller is stopping, when nothing is tried again or
+renewed; a second producer with the same transactional id fences the first.
 
 Exactly-once assertions: noida-db only (Tansu shows aborted records to read_committed readers)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -243,6 +244,48 @@ def test_a_retriable_commit_error_is_tried_again_and_commits_once(
     finally:
         transactions.close()
         group.close()
+
+
+@pytest.mark.parametrize("injected", [
+    KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "injected", fatal=True),
+    KafkaError(KafkaError._TIMED_OUT, "injected", retriable=True)], ids=["fatal", "retriable"])
+def test_while_stopping_a_failed_commit_is_not_tried_again_nor_the_producer_renewed(
+        injected: KafkaError, bootstrap: str, topics: tuple[str, str],
+        unique_name: UniqueName) -> None:
+    source, sink = topics
+    group = Group(bootstrap, unique_name("group"), source, 3)
+    made: list[Producer] = []
+    stopping = threading.Event()
+    transactions = TransactionalProducer(bootstrap, unique_name("txn"), timeout_s=7,
+                                         make=failing_once(injected, made), stopping=stopping)
+    try:
+        transactions.start()
+        stopping.set()
+        with pytest.raises(TransactionAborted, match="injected"):
+            transactions.commit(out_records(sink, ["first"]), group.offsets(), group.metadata())
+        assert transactions.renewed == 0 and len(made) == 1
+        assert written(bootstrap, sink) == ["first"]
+        assert visible(bootstrap, sink) == []
+        assert group.committed() == [NOTHING_COMMITTED]
+    finally:
+        transactions.close()
+        group.close()
+
+
+def test_the_producers_requests_time_out_with_its_calls_unless_the_user_says_otherwise(
+        unique_name: UniqueName) -> None:
+    seen: list[Any] = []
+
+    def make(connection: kafka.Connection, *, transactional_id: str | None = None,
+             overrides: Any = None) -> Producer:
+        seen.append(overrides)
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "not started in this test"))
+
+    for overrides in (None, {"socket.timeout.ms": 45_000}):
+        with pytest.raises(KafkaException):
+            TransactionalProducer("127.0.0.1:9", unique_name("txn"), timeout_s=7,
+                                  overrides=overrides, make=make).start()
+    assert [o["socket.timeout.ms"] for o in seen] == [7_000, 45_000]
 
 
 def test_an_exception_of_the_body_aborts_and_propagates(
