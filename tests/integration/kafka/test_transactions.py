@@ -110,6 +110,18 @@ def failing_once(error: KafkaError, made: list[Producer]) -> ProducerFactory:
     return make
 
 
+def aborts_with_one_producer(transactions: TransactionalProducer, group: Group, sink: str,
+                             made: list[Producer]) -> None:
+    """A commit of one record fails with the injected error and is aborted by the one producer
+    made: the record was written, none is visible, no offset was committed."""
+    with pytest.raises(TransactionAborted, match="injected"):
+        transactions.commit(out_records(sink, ["first"]), group.offsets(), group.metadata())
+    assert transactions.renewed == 0 and len(made) == 1
+    assert written(group.bootstrap, sink) == ["first"]
+    assert visible(group.bootstrap, sink) == []
+    assert group.committed() == [NOTHING_COMMITTED]
+
+
 @pytest.fixture
 def topics(bootstrap: str, new_topic: NewTopic) -> tuple[str, str]:
     """An input topic with three records and an empty output topic, one partition each."""
@@ -205,12 +217,7 @@ def test_an_abortable_error_aborts_with_the_same_producer(
                                          make=failing_once(injected, made))
     try:
         transactions.start()
-        with pytest.raises(TransactionAborted, match="injected"):
-            transactions.commit(out_records(sink, ["first"]), group.offsets(), group.metadata())
-        assert transactions.renewed == 0 and len(made) == 1
-        assert written(bootstrap, sink) == ["first"]
-        assert visible(bootstrap, sink) == []
-        assert group.committed() == [NOTHING_COMMITTED]
+        aborts_with_one_producer(transactions, group, sink, made)
 
         transactions.commit(out_records(sink, ["second"]), group.offsets(), group.metadata())
 
@@ -261,12 +268,7 @@ def test_while_stopping_a_failed_commit_is_not_tried_again_nor_the_producer_rene
     try:
         transactions.start()
         stopping.set()
-        with pytest.raises(TransactionAborted, match="injected"):
-            transactions.commit(out_records(sink, ["first"]), group.offsets(), group.metadata())
-        assert transactions.renewed == 0 and len(made) == 1
-        assert written(bootstrap, sink) == ["first"]
-        assert visible(bootstrap, sink) == []
-        assert group.committed() == [NOTHING_COMMITTED]
+        aborts_with_one_producer(transactions, group, sink, made)
     finally:
         transactions.close()
         group.close()
