@@ -51,6 +51,7 @@ _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                      KafkaError.INVALID_PRODUCER_EPOCH})
 # How often a commit that failed with a retriable error is tried again before giving up.
 _COMMIT_TRIES = 3
+REQUEST_TIMEOUT = "socket.timeout.ms"
 
 
 class TransactionAborted(RedriveError):
@@ -80,8 +81,10 @@ class TransactionalProducer:
                  stopping: threading.Event | None = None) -> None:
         self.transactional_id = transactional_id
         self._connection = connection
-        self._overrides = {"socket.timeout.ms": max(10, int(timeout_s * 1000)),
-                           **(overrides or {})}
+        self._overrides = dict(overrides or {})
+        user = {} if isinstance(connection, str) else connection
+        if REQUEST_TIMEOUT not in user and REQUEST_TIMEOUT not in self._overrides:
+            self._overrides[REQUEST_TIMEOUT] = max(10, int(timeout_s * 1000))
         self._timeout_s = timeout_s
         self._make = make
         self._stopping = stopping or threading.Event()

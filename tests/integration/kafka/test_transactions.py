@@ -283,11 +283,13 @@ def test_the_producers_requests_time_out_with_its_calls_unless_the_user_says_oth
         seen.append(overrides)
         raise KafkaException(KafkaError(KafkaError._TRANSPORT, "not started in this test"))
 
-    for overrides in (None, {"socket.timeout.ms": 45_000}):
+    user = {"bootstrap.servers": "127.0.0.1:9", "socket.timeout.ms": 50_000}
+    for connection, overrides in (("127.0.0.1:9", None), ("127.0.0.1:9",
+                                  {"socket.timeout.ms": 45_000}), (user, None)):
         with pytest.raises(KafkaException):
-            TransactionalProducer("127.0.0.1:9", unique_name("txn"), timeout_s=7,
+            TransactionalProducer(connection, unique_name("txn"), timeout_s=7,
                                   overrides=overrides, make=make).start()
-    assert [o["socket.timeout.ms"] for o in seen] == [7_000, 45_000]
+    assert [o.get("socket.timeout.ms") for o in seen] == [7_000, 45_000, None]
 
 
 def test_an_exception_of_the_body_aborts_and_propagates(
