@@ -23,6 +23,7 @@ from redrive import kafka
 from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
 from redrive.delay import DelayService, Tiers, schedule
+from redrive.delay.service import CLOSE_TIMEOUT_S
 from redrive.dev.brokers import DevBroker
 from redrive.kafka import closing
 from redrive.policy import Backoff, RetryPolicy
@@ -242,3 +243,50 @@ def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_l
         again.stop(timeout_s=60)
     retried = {int(r.value or b"") for r, _ in calls.calls if r.delivery.attempt == 1}
     assert retried == set(range(0, RECORDS, 10))
+
+
+def test_a_transactional_delay_service_stopped_while_the_broker_does_not_answer_stops_in_time(
+        own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
+    # The poll's send_offsets_to_transaction waited for its request's timeout (60 s), then the
+    # abort and a new producer 30 s each: 120 s by hand with the default timeout_s (30 s).
+    bootstrap = own_broker.bootstrap
+    name = f"outage-dstop-{time.monotonic_ns()}"
+    target = f"{name}-target"
+    kafka.create_topics(kafka.admin(bootstrap), {target: 1})
+    tiers = Tiers.of(("100ms", "1s"), prefix=f"{name}.delay")
+
+    def service() -> DelayService:
+        return DelayService(bootstrap, tiers, instance_id=f"{name}-1", partitions=1,
+                            group_id=f"{name}-service", timeout_s=STOP_TIMEOUT_S)
+
+    first = service()
+    run = Background(first)
+    producer = kafka.producer(bootstrap)
+    for n in range(10 * RECORDS):
+        schedule(producer, target, b"%d" % n, delay="100ms", tiers=tiers)
+    assert producer.flush(30) == 0
+    wait_until(lambda: first.metrics.total("redrive_forwarded_total") > 0, 30,
+               "forwarding before the outage")
+    assert own_broker.pid is not None
+    os.kill(own_broker.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            run.stop(timeout_s=60)
+        took = time.monotonic() - started
+    finally:
+        os.kill(own_broker.pid, signal.SIGCONT)
+    # The call in progress (timeout_s), the abort and the producer's flush (LEAST_S each), the
+    # consumer's close (CLOSE_TIMEOUT_S at most).
+    assert took < STOP_TIMEOUT_S + 2 * closing.LEAST_S + CLOSE_TIMEOUT_S + 3, took
+    said = [r.getMessage() for r in caplog.records]
+    assert any("stopping without a new one" in m for m in said), said
+    # Nothing lost: the same instance, started again, forwards every record once.
+    again = Background(service())
+    try:
+        arrived = read_all(bootstrap, target, expect=10 * RECORDS, timeout_s=90, idle_s=2)
+    finally:
+        again.stop(timeout_s=60)
+    values = [int(r.value or b"") for r in arrived]
+    assert sorted(values) == list(range(10 * RECORDS))

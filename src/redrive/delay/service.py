@@ -41,6 +41,7 @@ from confluent_kafka import (
 
 from redrive import gate, kafka, retention
 from redrive import headers as h
+from redrive.arguments import check_positive
 from redrive.clock import now_ms
 from redrive.delay.schedule import check_target
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
@@ -65,6 +66,7 @@ IDLE_POLL_S = 0.2
 TOPIC_READY_TIMEOUT_S = 30.0
 # How long closing waits for the consumer, then for the forwarded copies not yet acknowledged.
 CLOSE_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S = 30.0
 
 CONSUMER_SETTINGS: Mapping[str, Any] = {
     # The fetch queue is the only buffer of pending records; bounding it keeps memory flat
@@ -125,6 +127,8 @@ class DelayService:
         transactional id, so that a restarted instance gets its partitions back at once and
         aborts what its crashed predecessor left open. Without it each run gets a random one.
     transactional: False forwards at-least-once (no transactions; a crash may duplicate).
+    timeout_s: how long a transaction's calls wait for the brokers. A stop while they do not
+        answer returns after about this long, plus CLOSE_TIMEOUT_S for the consumer's close.
     """
 
     def __init__(self, connection: kafka.Connection, tiers: Tiers = DEFAULT_TIERS, *,
@@ -133,7 +137,9 @@ class DelayService:
                  partitions: int = DEFAULT_PARTITIONS, create_topics: bool = True,
                  max_batch: int = MAX_BATCH,
                  consumer_overrides: Mapping[str, Any] | None = None,
-                 producer_overrides: Mapping[str, Any] | None = None) -> None:
+                 producer_overrides: Mapping[str, Any] | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        check_positive("timeout_s", timeout_s)
         if partitions < 1:
             raise InvalidArgument("partitions", partitions, "must be >= 1")
         if max_batch < 1:
@@ -160,6 +166,7 @@ class DelayService:
         self._metrics_port = metrics_port
         self._consumer_overrides = dict(consumer_overrides or {})
         self._producer_overrides = dict(producer_overrides or {})
+        self._timeout_s = float(timeout_s)
         self._stopping = threading.Event()
         self._tiers: dict[Key, Tier] = {}  # the assigned partitions and their tiers
         # Tiers of an earlier set with this prefix that still hold records (see former_tiers).
@@ -213,7 +220,7 @@ class DelayService:
             suffix = self.instance_id or uuid.uuid4().hex
             self._transactions = TransactionalProducer(
                 self._watched, f"{self.group_id}.{suffix}", overrides=overrides,
-                stopping=self._stopping)
+                timeout_s=self._timeout_s, stopping=self._stopping)
             # Fences any older producer with this id and aborts what it left open.
             self._transactions.start()
         else:

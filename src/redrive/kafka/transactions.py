@@ -163,12 +163,14 @@ class TransactionalProducer:
         """Flush and drop the producer. The flush of a fenced or fatally failed producer raises
         its error, yet such a producer has nothing left to deliver (its open transaction is
         aborted by the broker or the next producer with this id): that error is logged, not
-        raised, or it would hide the one that stopped the caller (ProducerFenced, say)."""
+        raised, or it would hide the one that stopped the caller (ProducerFenced, say). Every
+        transaction ends committed, which flushed it, or aborted, so what a stopping caller's
+        producer still holds is an abort that timed out: it waits LEAST_S at most."""
         producer_, self._producer = self._producer, None
         if producer_ is None:
             return
         try:
-            producer_.flush(self._timeout_s)
+            producer_.flush(LEAST_S if self._stopping.is_set() else self._timeout_s)
         except KafkaException as exc:
             error = exc.args[0]
             if not (isinstance(error, KafkaError) and error.fatal()):
