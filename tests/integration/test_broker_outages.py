@@ -181,6 +181,22 @@ def test_the_store_scheduler_publishes_every_row_once_the_broker_is_back(
     assert len(failed) == 0, [r.getMessage() for r in failed]  # the outage's line says it all
 
 
+def stopped_while_frozen(broker: DevBroker, run: Background,
+                         caplog: pytest.LogCaptureFixture) -> float:
+    """Seconds that `run` took to stop, asked 1 s after the broker was SIGSTOPped (continued
+    once it returned), its warnings in `caplog`."""
+    assert broker.pid is not None
+    os.kill(broker.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            run.stop(timeout_s=60)
+        return time.monotonic() - started
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+
+
 @pytest.mark.parametrize("transactional", [False, True], ids=["at-least-once", "transactional"])
 def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_loses_nothing(
         transactional: bool, own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
@@ -211,18 +227,9 @@ def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_l
     run = Background(RetryingConsumer(bootstrap, topic, group, policy, handle,
                                       timeout_s=STOP_TIMEOUT_S, transactional=transactional))
     wait_until(lambda: len(calls.values()) > 300, 30, "300 records handled before the outage")
-    assert own_broker.pid is not None
-    os.kill(own_broker.pid, signal.SIGSTOP)
-    try:
-        time.sleep(1)
-        started = time.monotonic()
-        with caplog.at_level(logging.WARNING):
-            run.stop(timeout_s=STOP_TIMEOUT_S + 30)
-        took = time.monotonic() - started
-        with calls.lock:
-            left_unfinished = RECORDS - len(succeeded)
-    finally:
-        os.kill(own_broker.pid, signal.SIGCONT)
+    took = stopped_while_frozen(own_broker, run, caplog)
+    with calls.lock:
+        left_unfinished = RECORDS - len(succeeded)
     # The batch in hand waits timeout_s at most for its copies (transactional: for its
     # transaction's call in progress, then LEAST_S for the abort), the close as long again, and
     # the consumer's close is given at least LEAST_S.
@@ -267,16 +274,7 @@ def test_a_transactional_delay_service_stopped_while_the_broker_does_not_answer_
     assert producer.flush(30) == 0
     wait_until(lambda: first.metrics.total("redrive_forwarded_total") > 0, 30,
                "forwarding before the outage")
-    assert own_broker.pid is not None
-    os.kill(own_broker.pid, signal.SIGSTOP)
-    try:
-        time.sleep(1)
-        started = time.monotonic()
-        with caplog.at_level(logging.WARNING):
-            run.stop(timeout_s=60)
-        took = time.monotonic() - started
-    finally:
-        os.kill(own_broker.pid, signal.SIGCONT)
+    took = stopped_while_frozen(own_broker, run, caplog)
     # The call in progress (timeout_s), the abort and the producer's flush (LEAST_S each), the
     # consumer's close (CLOSE_TIMEOUT_S at most).
     assert took < STOP_TIMEOUT_S + 2 * closing.LEAST_S + CLOSE_TIMEOUT_S + 3, took
