@@ -19,9 +19,9 @@ that each failure is handled one way:
 A caller that is stopping (its `stopping` event set) gets no commit tried again, an abort that
 waits `closing.LEAST_S` at most (a broker that answers at all aborts in milliseconds) and no new
 producer: a stop must end in about `timeout_s` even while no broker answers. The producer's
-requests time out after `timeout_s` too (librdkafka's socket.timeout.ms, 60 s by default),
-since a call such as send_offsets_to_transaction waits for its request, whatever timeout the
-call itself was given. A transaction left open by a stop is aborted by the broker after
+requests time out after `timeout_s` too (librdkafka's socket.timeout.ms, 60 s by default): a
+call such as send_offsets_to_transaction was measured to return only once both its own timeout
+and its request's had passed. A transaction left open by a stop is aborted by the broker after
 transaction.timeout.ms, or at once by the next producer with the same transactional id.
 """
 
@@ -51,7 +51,7 @@ _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                      KafkaError.INVALID_PRODUCER_EPOCH})
 # How often a commit that failed with a retriable error is tried again before giving up.
 _COMMIT_TRIES = 3
-REQUEST_TIMEOUT = "socket.timeout.ms"
+_REQUEST_TIMEOUT = "socket.timeout.ms"
 
 
 class TransactionAborted(RedriveError):
@@ -83,8 +83,8 @@ class TransactionalProducer:
         self._connection = connection
         self._overrides = dict(overrides or {})
         user = {} if isinstance(connection, str) else connection
-        if REQUEST_TIMEOUT not in user and REQUEST_TIMEOUT not in self._overrides:
-            self._overrides[REQUEST_TIMEOUT] = max(10, int(timeout_s * 1000))
+        if _REQUEST_TIMEOUT not in user and _REQUEST_TIMEOUT not in self._overrides:
+            self._overrides[_REQUEST_TIMEOUT] = max(10, int(timeout_s * 1000))
         self._timeout_s = timeout_s
         self._make = make
         self._stopping = stopping or threading.Event()
