@@ -16,7 +16,6 @@ from chaoslib.count import (
     CLEAN_STOP,
     TRANSACTIONAL,
     Outcome,
-    Read,
     aborted_offsets,
     committed,
     copy_key,
@@ -68,21 +67,18 @@ def finish(run: ConsumerRun, fault: str, mode: str, sizes: Sizes) -> Outcome:
                   copies_twice=repeats(Counter(copy_key(c) for c in copies))
                   if transactional else 0,
                   sink_covered=not transactional)
-    if transactional and (outcome.lost or outcome.stuck):
-        aborted = aborted_offsets(run.bootstrap, run.retry_topic)
+    if not (outcome.lost or outcome.stuck):
+        return outcome
+    aborted = aborted_offsets(run.bootstrap, run.retry_topic)
+    if transactional:
         handled = handled_attempts(run.sink_lines())
         outcome.set_apart(passed_over(outcome.lost_numbers, copies, handled, aborted))
         outcome.set_apart_stuck(passed_over(outcome.stuck_numbers, copies, handled, aborted))
     if outcome.stuck:
-        outcome.notes.append(where_stuck(run, outcome.stuck_numbers, in_flight))
+        commits = {topic: committed(run.bootstrap, run.group, topic)
+                   for topic in (run.topic, run.retry_topic)}
+        outcome.notes.append(stuck_note(outcome.stuck_numbers, in_flight, commits, aborted))
     return outcome
-
-
-def where_stuck(run: ConsumerRun, numbers: set[int], in_flight: list[Read]) -> str:
-    commits = {topic: committed(run.bootstrap, run.group, topic)
-               for topic in (run.topic, run.retry_topic)}
-    return stuck_note(numbers, in_flight, commits, aborted_offsets(run.bootstrap,
-                                                                   run.retry_topic))
 
 
 def mode_args(mode: str) -> list[str]:
