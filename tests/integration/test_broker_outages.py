@@ -281,9 +281,15 @@ def test_a_transactional_delay_service_stopped_while_the_broker_does_not_answer_
     said = [r.getMessage() for r in caplog.records]
     assert any("stopping without a new one" in m for m in said), said
     # Nothing lost: the same instance, started again, forwards every record once.
-    again = Background(service())
+    # Read once all is forwarded: on noida-db a reader reading along past the first service's
+    # aborted transaction misses the same transactional id's later records (docs/benchmarks.md).
+    second = service()
+    again = Background(second)
     try:
-        arrived = read_all(bootstrap, target, expect=10 * RECORDS, timeout_s=90, idle_s=2)
+        wait_until(lambda: first.metrics.total("redrive_forwarded_total")
+                   + second.metrics.total("redrive_forwarded_total") >= 10 * RECORDS, 90,
+                   "every record forwarded by the restarted service")
+        arrived = read_all(bootstrap, target, expect=10 * RECORDS, timeout_s=30, idle_s=2)
     finally:
         again.stop(timeout_s=60)
     values = [int(r.value or b"") for r in arrived]
