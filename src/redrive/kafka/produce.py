@@ -177,6 +177,20 @@ def producer_failed(exc: BaseException) -> bool:
     return False
 
 
+def copy_refused(exc: BaseException) -> bool:
+    """Whether `exc`, from producing, is the brokers' refusal of what was produced (a record
+    larger than its topic takes, a topic the client may not write): an answer that will be
+    given again to the same records. Not an outage, a failed producer, or a passing state
+    (librdkafka's local codes, such as the erroneous state of a transaction whose group
+    coordinator is still being looked up, or a code the broker marks retriable)."""
+    if isinstance(exc, DeliveryFailed):
+        return not (exc.unanswered or exc.fatal)
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return (isinstance(error, KafkaError) and error.code() >= 0 and error.code() not in _FAILED
+            and error.code() not in UNREACHED_CODES and not error.retriable()
+            and not error.fatal())
+
+
 def discard_producer(producer_: Producer | None) -> None:
     """Drop a producer without delivering what it still holds: the caller takes that up
     again (rewinds it, or finds it pending), and a late delivery would only duplicate it."""

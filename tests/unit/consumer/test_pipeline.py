@@ -20,6 +20,7 @@ from redrive.consumer.commits import CommitPipeline, Pending
 from redrive.consumer.committer import Committer
 from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed
+from redrive.kafka.transactions import TransactionAborted
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Origin, Record
 from redrive.routing import DeadLetter
@@ -425,3 +426,51 @@ def test_a_partition_that_cannot_be_sought_while_leaving_does_not_stop_the_close
     consumer.seek_error = KafkaError(KafkaError._STATE, "Erroneous state")
     runtime.close()  # the failed batch cannot be rewound: nothing of it is committed
     assert consumer.commits == [] and consumer.synced == []
+
+
+class FakeTransactions:
+    """A transactional producer whose commits abort with the queued errors, then succeed."""
+
+    def __init__(self, errors: list[KafkaError]) -> None:
+        self.errors = errors
+        self.committed: list[dict[tuple[str, int], int]] = []
+
+    def commit(self, records: Iterable[Any], offsets: list[Any], group_metadata: Any,
+               **kwargs: Any) -> None:
+        list(records)
+        if self.errors:
+            cause = KafkaException(self.errors.pop(0))
+            raise TransactionAborted(f"aborted: {cause.args[0]}") from cause
+        self.committed.append({(p.topic, p.partition): p.offset for p in offsets})
+
+
+@pytest.mark.parametrize("error, held", [
+    (KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "ProduceRequest failed"), True),
+    (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not allowed"), True),
+    # Seen in CI after refused copies: send_offsets_to_transaction while the group's coordinator
+    # was unknown. Held as a refusal, the partition's next pause doubled past the test's wait.
+    (KafkaError(KafkaError._STATE, "Failed to commit offsets to transaction on broker (none): "
+                "Local: Erroneous state"), False),
+    (KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, "coordinator moving", retriable=True),
+     False),
+    (KafkaError(KafkaError._TIMED_OUT, "no answer"), False),
+], ids=["too-large", "not-allowed", "erroneous-state", "retriable", "unanswered"])
+def test_an_aborted_transaction_holds_its_partition_only_when_the_broker_refused_a_copy(
+        error: KafkaError, held: bool) -> None:
+    runtime, consumer, _ = _fake_runtime({b"0-1"}, holds=True)
+    transactions = FakeTransactions([error])
+    consumer.consumer_group_metadata = lambda: None  # type: ignore[attr-defined]
+    committer = Committer("g", runtime._require_consumer(), runtime._backend, runtime.metrics,
+                          runtime._assigned, 30.0, runtime.health,
+                          transactions=transactions,  # type: ignore[arg-type]
+                          holds=runtime._holds)
+    runtime._committer = committer
+    runtime._handle_batch(_batch(0, range(0, 3)) + _batch(1, range(0, 3)))
+    assert transactions.committed == []
+    # B's records made no copy: it is read again at once, whatever the abort's cause.
+    assert sorted(consumer.seeks) == [("orders", 0, 0), ("orders", 1, 0)]
+    assert B not in runtime._holds
+    assert (A in runtime._holds) is held
+    runtime._holds.release(runtime._require_consumer(), [A])
+    runtime._handle_batch(_batch(0, range(0, 3)) + _batch(1, range(0, 3)))
+    assert transactions.committed == [{A: 3, B: 3}]
