@@ -36,7 +36,7 @@ from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed, RedriveError
 from redrive.kafka.health import BrokerHealth
 from redrive.kafka.holds import Holds, Refusals
-from redrive.kafka.produce import copy_refused, discard_producer, drop_stack, producer_failed
+from redrive.kafka.produce import discard_producer, drop_stack, passing_failure, producer_failed
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
@@ -263,10 +263,10 @@ class Committer:
             cause = exc.__cause__
             unanswered = cause is not None and self._health.failed(cause)
             log.error("group %s: %s; the batch's partitions are rewound", self.group, exc)
-            if cause is not None and not unanswered and copy_refused(cause):
-                self._hold_refused(batch.first, batch.copied)
-            else:
+            if unanswered or cause is None or producer_failed(cause) or passing_failure(cause):
                 self._rewind(batch.first)
+            else:
+                self._hold_refused(batch.first, batch.copied)
             return False
 
     def _hold_refused(self, first: Mapping[PartitionKey, int],

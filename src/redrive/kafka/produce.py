@@ -177,18 +177,16 @@ def producer_failed(exc: BaseException) -> bool:
     return False
 
 
-def copy_refused(exc: BaseException) -> bool:
-    """Whether `exc`, from producing, is the brokers' refusal of what was produced (a record
-    larger than its topic takes, a topic the client may not write): an answer that will be
-    given again to the same records. Not an outage, a failed producer, or a passing state
-    (librdkafka's local codes, such as the erroneous state of a transaction whose group
-    coordinator is still being looked up, or a code the broker marks retriable)."""
-    if isinstance(exc, DeliveryFailed):
-        return not (exc.unanswered or exc.fatal)
+def passing_failure(exc: BaseException) -> bool:
+    """Whether `exc`, from a transaction, says the producer was in a passing state rather than
+    that the brokers refused what it produced (which they would refuse again): librdkafka's
+    erroneous state (seen: offsets sent while the group's coordinator was still being looked
+    up, just after aborts) or an error marked retriable. Any other answer counts as a refusal,
+    so that an error not foreseen here holds its partitions instead of handling their records
+    again as fast as the loop runs."""
     error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return (isinstance(error, KafkaError) and error.code() >= 0 and error.code() not in _FAILED
-            and error.code() not in UNREACHED_CODES and not error.retriable()
-            and not error.fatal())
+    return isinstance(error, KafkaError) and (error.code() == KafkaError._STATE
+                                              or error.retriable())
 
 
 def discard_producer(producer_: Producer | None) -> None:

@@ -454,7 +454,9 @@ class FakeTransactions:
     (KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, "coordinator moving", retriable=True),
      False),
     (KafkaError(KafkaError._TIMED_OUT, "no answer"), False),
-], ids=["too-large", "not-allowed", "erroneous-state", "retriable", "unanswered"])
+    # Not foreseen as passing: held, rather than handled again as fast as the loop runs.
+    (KafkaError(KafkaError._UNKNOWN_TOPIC, "the copy's topic is gone"), True),
+], ids=["too-large", "not-allowed", "erroneous-state", "retriable", "unanswered", "unforeseen"])
 def test_an_aborted_transaction_holds_its_partition_only_when_the_broker_refused_a_copy(
         error: KafkaError, held: bool) -> None:
     runtime, consumer, _ = _fake_runtime({b"0-1"}, holds=True)
