@@ -92,6 +92,47 @@ def test_the_delay_service_at_least_once_forwards_everything_across_a_broker_res
     check_reported_once(caplog, f"delay service {name}-service")
 
 
+def test_a_transactional_delay_service_reports_a_broker_that_does_not_answer_and_goes_on(
+        own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
+    # An aborted transaction was never taken for an outage: with the broker SIGSTOPped (no
+    # connection refused to tell librdkafka's error callback), redrive_broker_up stayed 1 for
+    # 30 s and more, and the tier partitions were held as if the brokers refused their copies.
+    bootstrap = own_broker.bootstrap
+    name = f"outage-dtx-{time.monotonic_ns()}"
+    target = f"{name}-target"
+    kafka.create_topics(kafka.admin(bootstrap), {target: 1})
+    tiers = Tiers.of(("100ms", "1s"), prefix=f"{name}.delay")
+    service = DelayService(bootstrap, tiers, instance_id=f"{name}-1", partitions=1,
+                           group_id=f"{name}-service", timeout_s=STOP_TIMEOUT_S)
+    caplog.set_level(logging.INFO, logger="redrive")
+    run = Background(service)
+    assert own_broker.pid is not None
+    try:
+        producer = kafka.producer(bootstrap)
+        for n in range(RECORDS):
+            schedule(producer, target, b"%d" % n, delay="5s", tiers=tiers)
+        assert producer.flush(30) == 0
+        # The service holds the records, due during the outage, when the broker stops.
+        time.sleep(DURABLE_S)
+        os.kill(own_broker.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: service.metrics.value("redrive_broker_up") == 0,
+                       STOP_TIMEOUT_S * 6, "redrive_broker_up to drop to 0")
+        finally:
+            os.kill(own_broker.pid, signal.SIGCONT)
+        wait_until(lambda: service.metrics.total("redrive_forwarded_total") >= RECORDS, 90,
+                   "every record forwarded once the broker is back")
+        wait_until(lambda: service.metrics.value("redrive_broker_up") == 1, 30,
+                   "redrive_broker_up back to 1")
+    finally:
+        run.stop(timeout_s=90)
+    held = [r.getMessage() for r in caplog.records if "is read again from offset" in r.getMessage()]
+    assert held == []
+    arrived = read_all(bootstrap, target, expect=RECORDS, timeout_s=30, idle_s=2)
+    assert {int(r.value or b"") for r in arrived} == set(range(RECORDS))
+    check_reported_once(caplog, f"delay service {name}-service")
+
+
 def test_the_delay_service_notices_a_broker_lost_between_a_copy_and_its_commit(
         own_broker: DevBroker, monkeypatch: pytest.MonkeyPatch) -> None:
     # A synchronous commit waited for the broker's return: the service neither reported the

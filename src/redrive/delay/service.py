@@ -50,7 +50,7 @@ from redrive.kafka.admin import waiting_past
 from redrive.kafka.closing import close_within
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Refusals, Why
-from redrive.kafka.produce import discard_producer, producer_failed
+from redrive.kafka.produce import discard_producer, passing_failure, producer_failed
 from redrive.kafka.transactions import ProducerFenced, TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
 from redrive.record import qualified_name
@@ -436,14 +436,16 @@ class DelayService:
             raise DelayServiceError(str(exc)) from exc
         except (KafkaException, DeliveryFailed, TransactionAborted) as exc:
             # An outage is logged once, by the health; other failures each time, at the pace
-            # of the refusals' pauses.
-            outage = self.health.failed(exc)
+            # of the refusals' pauses. An aborted transaction is judged by what aborted it.
+            cause = exc.__cause__ if isinstance(exc, TransactionAborted) else exc
+            outage = cause is not None and self.health.failed(cause)
             failed_for_good = producer_failed(exc)
             if self._producer is not None and failed_for_good:
                 log.warning("the producer failed for good; a new one replaces it")
                 discard_producer(self._producer)
                 self._producer = self._new_producer()
-            self._rewind(batch, refused=not (outage or failed_for_good), why=exc)
+            passing = cause is None or passing_failure(cause)
+            self._rewind(batch, refused=not (outage or failed_for_good or passing), why=exc)
             return
         self.health.ok()
         self._refusals.forget(batch.starts)

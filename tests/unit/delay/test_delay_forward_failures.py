@@ -1,0 +1,74 @@
+"""What a transactional DelayService does with a batch whose transaction aborted, by its cause:
+an outage is reported to the health and the tiers read again at once, a passing state is read
+again at once, and a refusal holds the tier partitions with growing pauses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from redrive import kafka
+from redrive.clock import now_ms
+from redrive.delay import DelayService
+from redrive.delay.service import _Batch
+from redrive.delay.tiers import DEFAULT_TIERS
+from redrive.kafka.transactions import TransactionAborted
+
+TIER = (DEFAULT_TIERS.tiers[0].topic, 0)
+
+
+class FakeConsumer:
+    def __init__(self) -> None:
+        self.seeks: list[tuple[str, int, int]] = []
+        self.paused: list[tuple[str, int]] = []
+
+    def consumer_group_metadata(self) -> None:
+        return None
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.extend((tp.topic, tp.partition) for tp in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+
+class AbortingTransactions:
+    def __init__(self, error: KafkaError) -> None:
+        self.error = error
+
+    def commit(self, *args: Any, **kwargs: Any) -> None:
+        cause = KafkaException(self.error)
+        raise TransactionAborted(f"aborted: {self.error.str()}") from cause
+
+
+@pytest.mark.parametrize("error, held, outage", [
+    (KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "larger than the target takes"), True, False),
+    (KafkaError(KafkaError._STATE, "Local: Erroneous state"), False, False),
+    (KafkaError(KafkaError.NOT_COORDINATOR, "coordinator moved", retriable=True), False, False),
+    # Before, an aborted transaction was never taken for an outage: it was held as a refusal,
+    # up to a minute at a time, and the service's health never heard of the brokers' absence.
+    (KafkaError(KafkaError._TIMED_OUT, "no answer"), False, True),
+], ids=["refused", "erroneous-state", "retriable", "unanswered"])
+def test_an_aborted_forward_is_held_only_when_a_copy_was_refused(
+        error: KafkaError, held: bool, outage: bool) -> None:
+    service = DelayService("127.0.0.1:9")
+    consumer = FakeConsumer()
+    service._consumer = consumer  # type: ignore[assignment]
+    service._transactions = AbortingTransactions(error)  # type: ignore[assignment]
+    service._tiers = {TIER: DEFAULT_TIERS.tiers[0]}
+    batch = _Batch()
+    batch.add(TIER, kafka.OutRecord("orders", b"v"))
+    batch.starts[TIER] = 7
+    batch.offsets.append(TopicPartition(*TIER, 8))
+    service._forward(batch)
+    assert consumer.seeks == [(*TIER, 7)]
+    assert (TIER in service._holds) is held
+    if held:
+        assert 0.9 <= service._holds.wait_s(now_ms(), 100.0) <= 1.0
+    assert service.health.down is outage
+    assert service.metrics.total("redrive_forwarded_total") == 0
