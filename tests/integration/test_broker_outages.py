@@ -12,6 +12,7 @@ import gc
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from redrive.delay import DelayService, Tiers, schedule
 from redrive.delay.service import CLOSE_TIMEOUT_S
 from redrive.dev.brokers import DevBroker
 from redrive.kafka import closing
+from redrive.kafka.transactions import TransactionalProducer
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler
@@ -52,22 +54,28 @@ def check_reported_once(caplog: pytest.LogCaptureFixture, who: str) -> None:
     assert len([m for m in lines if "answer again" in m]) == 1, lines
 
 
-def at_least_once_service(bootstrap: str, name: str) -> tuple[DelayService, str]:
-    """A delay service with tiers of 100ms and 1s named for `name`, and its target topic.
-    Transactional forwarding does not come back from a noida-db SIGKILL in time (its
-    transaction state is among what the broker loses): issue 18 keeps that open."""
+def delay_target(bootstrap: str, name: str) -> str:
+    """The target topic of `delay_service(bootstrap, name)`, created."""
     target = f"{name}-target"
     kafka.create_topics(kafka.admin(bootstrap), {target: 1})
-    tiers = Tiers.of(("100ms", "1s"), prefix=f"{name}.delay")
-    return DelayService(bootstrap, tiers, instance_id=f"{name}-1", partitions=1,
-                        group_id=f"{name}-service", transactional=False), target
+    return target
+
+
+def delay_service(bootstrap: str, name: str, **options: Any) -> DelayService:
+    """A delay service with tiers of 100ms and 1s, named for `name`. Transactional forwarding
+    does not come back from a noida-db SIGKILL in time (its transaction state is among what
+    the broker loses): issue 18 keeps that open, and those tests forward at-least-once."""
+    return DelayService(bootstrap, Tiers.of(("100ms", "1s"), prefix=f"{name}.delay"),
+                        instance_id=f"{name}-1", partitions=1, group_id=f"{name}-service",
+                        **options)
 
 
 def test_the_delay_service_at_least_once_forwards_everything_across_a_broker_restart(
         own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
     bootstrap = own_broker.bootstrap
     name = f"outage-delay-{time.monotonic_ns()}"
-    service, target = at_least_once_service(bootstrap, name)
+    target = delay_target(bootstrap, name)
+    service = delay_service(bootstrap, name, transactional=False)
     tiers = service.tiers
     caplog.set_level(logging.INFO, logger="redrive")
     run = Background(service)
@@ -93,33 +101,41 @@ def test_the_delay_service_at_least_once_forwards_everything_across_a_broker_res
 
 
 def test_a_transactional_delay_service_reports_a_broker_that_does_not_answer_and_goes_on(
-        own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
-    # An aborted transaction was never taken for an outage: with the broker SIGSTOPped (no
-    # connection refused to tell librdkafka's error callback), redrive_broker_up stayed 1 for
-    # 30 s and more, and the tier partitions were held as if the brokers refused their copies.
+        own_broker: DevBroker, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # An aborted transaction was never taken for an outage: with the broker SIGSTOPped as a
+    # transaction began (no connection refused to tell librdkafka's error callback),
+    # redrive_broker_up stayed 1 for 30 s and more, and the tier partitions were held as if the
+    # brokers refused their copies.
     bootstrap = own_broker.bootstrap
+    pid = own_broker.pid
+    assert pid is not None
     name = f"outage-dtx-{time.monotonic_ns()}"
-    target = f"{name}-target"
-    kafka.create_topics(kafka.admin(bootstrap), {target: 1})
-    tiers = Tiers.of(("100ms", "1s"), prefix=f"{name}.delay")
-    service = DelayService(bootstrap, tiers, instance_id=f"{name}-1", partitions=1,
-                           group_id=f"{name}-service", timeout_s=STOP_TIMEOUT_S)
+    target = delay_target(bootstrap, name)
+    service = delay_service(bootstrap, name, timeout_s=STOP_TIMEOUT_S)
+    commit = TransactionalProducer.commit
+    frozen = threading.Event()
+
+    def freeze_then_commit(self: TransactionalProducer, *args: Any, **kwargs: Any) -> None:
+        if not frozen.is_set():
+            frozen.set()
+            os.kill(pid, signal.SIGSTOP)
+        commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransactionalProducer, "commit", freeze_then_commit)
     caplog.set_level(logging.INFO, logger="redrive")
+    producer = kafka.producer(bootstrap)
+    for n in range(RECORDS):
+        schedule(producer, target, b"%d" % n, delay="300ms", tiers=service.tiers)
+    assert producer.flush(30) == 0
     run = Background(service)
-    assert own_broker.pid is not None
     try:
-        producer = kafka.producer(bootstrap)
-        for n in range(RECORDS):
-            schedule(producer, target, b"%d" % n, delay="5s", tiers=tiers)
-        assert producer.flush(30) == 0
-        # The service holds the records, due during the outage, when the broker stops.
-        time.sleep(DURABLE_S)
-        os.kill(own_broker.pid, signal.SIGSTOP)
         try:
+            wait_until(frozen.is_set, 30, "the service's first transaction")
             wait_until(lambda: service.metrics.value("redrive_broker_up") == 0,
-                       STOP_TIMEOUT_S * 6, "redrive_broker_up to drop to 0")
+                       STOP_TIMEOUT_S * 4, "redrive_broker_up to drop to 0")
         finally:
-            os.kill(own_broker.pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
         wait_until(lambda: service.metrics.total("redrive_forwarded_total") >= RECORDS, 90,
                    "every record forwarded once the broker is back")
         wait_until(lambda: service.metrics.value("redrive_broker_up") == 1, 30,
@@ -138,7 +154,9 @@ def test_the_delay_service_notices_a_broker_lost_between_a_copy_and_its_commit(
     # A synchronous commit waited for the broker's return: the service neither reported the
     # outage nor stopped (seen once in CI as "did not stop").
     bootstrap = own_broker.bootstrap
-    service, target = at_least_once_service(bootstrap, f"outage-commit-{time.monotonic_ns()}")
+    name = f"outage-commit-{time.monotonic_ns()}"
+    target = delay_target(bootstrap, name)
+    service = delay_service(bootstrap, name, transactional=False)
     tiers = service.tiers
     acked = kafka.produce_acked
     copies_acked: list[int] = []
@@ -299,15 +317,13 @@ def test_a_transactional_delay_service_stopped_while_the_broker_does_not_answer_
     # abort and a new producer 30 s each: 120 s by hand with the default timeout_s (30 s).
     bootstrap = own_broker.bootstrap
     name = f"outage-dstop-{time.monotonic_ns()}"
-    target = f"{name}-target"
-    kafka.create_topics(kafka.admin(bootstrap), {target: 1})
-    tiers = Tiers.of(("100ms", "1s"), prefix=f"{name}.delay")
+    target = delay_target(bootstrap, name)
 
     def service() -> DelayService:
-        return DelayService(bootstrap, tiers, instance_id=f"{name}-1", partitions=1,
-                            group_id=f"{name}-service", timeout_s=STOP_TIMEOUT_S)
+        return delay_service(bootstrap, name, timeout_s=STOP_TIMEOUT_S)
 
     first = service()
+    tiers = first.tiers
     run = Background(first)
     producer = kafka.producer(bootstrap)
     for n in range(10 * RECORDS):
