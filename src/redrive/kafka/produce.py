@@ -180,10 +180,10 @@ def producer_failed(exc: BaseException) -> bool:
 def passing_failure(exc: BaseException) -> bool:
     """Whether `exc`, from a transaction, says the producer was in a passing state rather than
     that the brokers refused what it produced (which they would refuse again): librdkafka's
-    erroneous state (seen: offsets sent while the group's coordinator was still being looked
-    up, just after aborts) or an error marked retriable. Any other answer counts as a refusal,
-    so that an error not foreseen here holds its partitions instead of handling their records
-    again as fast as the loop runs."""
+    erroneous state (seen once in CI just after aborts: "Failed to commit offsets to
+    transaction on broker (none): Local: Erroneous state") or an error marked retriable.
+    Any other answer counts as a refusal, so that an error not foreseen here holds its
+    partitions instead of handling their records again as fast as the loop runs."""
     error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return isinstance(error, KafkaError) and (error.code() == KafkaError._STATE
                                               or error.retriable())
