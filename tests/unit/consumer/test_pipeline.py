@@ -447,8 +447,8 @@ class FakeTransactions:
 @pytest.mark.parametrize("error, held", [
     (KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "ProduceRequest failed"), True),
     (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not allowed"), True),
-    # Seen in CI after refused copies: send_offsets_to_transaction while the group's coordinator
-    # was unknown. Held as a refusal, the partition's next pause doubled past the test's wait.
+    # Seen in CI after refused copies' aborts, from sending the offsets. Held as a refusal, the
+    # partition's next pause doubled past the test's wait.
     (KafkaError(KafkaError._STATE, "Failed to commit offsets to transaction on broker (none): "
                 "Local: Erroneous state"), False),
     (KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, "coordinator moving", retriable=True),
