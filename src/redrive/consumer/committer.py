@@ -260,10 +260,10 @@ class Committer:
             self._refusals.forget(offsets)
             return True
         except TransactionAborted as exc:
-            cause = exc.__cause__
-            unanswered = cause is not None and self._health.failed(cause)
+            unanswered = self._health.failed(exc)
             log.error("group %s: %s; the batch's partitions are rewound", self.group, exc)
-            if unanswered or cause is None or producer_failed(cause) or passing_failure(cause):
+            if unanswered or exc.__cause__ is None or producer_failed(exc) \
+                    or passing_failure(exc):
                 self._rewind(batch.first)
             else:
                 self._hold_refused(batch.first, batch.copied)

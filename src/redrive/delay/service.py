@@ -437,15 +437,14 @@ class DelayService:
         except (KafkaException, DeliveryFailed, TransactionAborted) as exc:
             # An outage is logged once, by the health; other failures each time, at the pace
             # of the refusals' pauses. An aborted transaction is judged by what aborted it.
-            cause = exc.__cause__ if isinstance(exc, TransactionAborted) else exc
-            outage = cause is not None and self.health.failed(cause)
+            outage = self.health.failed(exc)
             failed_for_good = producer_failed(exc)
             if self._producer is not None and failed_for_good:
                 log.warning("the producer failed for good; a new one replaces it")
                 discard_producer(self._producer)
                 self._producer = self._new_producer()
-            passing = cause is None or passing_failure(cause)
-            self._rewind(batch, refused=not (outage or failed_for_good or passing), why=exc)
+            refused = not (outage or failed_for_good or passing_failure(exc))
+            self._rewind(batch, refused=refused, why=exc)
             return
         self.health.ok()
         self._refusals.forget(batch.starts)

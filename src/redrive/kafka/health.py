@@ -129,15 +129,20 @@ class BrokerHealth:
             self._gauge.broker_up(False)
 
     def failed(self, exc: BaseException) -> bool:
-        """Whether `exc` (from a request) says the broker did not answer; if so, trouble()."""
-        if isinstance(exc, DeliveryFailed):
-            if exc.unanswered:
-                self.trouble(str(exc))
-            return exc.unanswered
-        error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-        if isinstance(error, KafkaError) and error.code() in UNREACHED_CODES:
-            self.trouble(error.str())
-            return True
+        """Whether `exc` (from a request), or an exception it was raised from, says the broker
+        did not answer; if so, trouble(). The causes count because callers see wrappers: an
+        aborted transaction raised from its timed-out call, say."""
+        seen: BaseException | None = exc
+        while seen is not None:
+            if isinstance(seen, DeliveryFailed):
+                if seen.unanswered:
+                    self.trouble(str(seen))
+                return seen.unanswered
+            error = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
+            if isinstance(error, KafkaError) and error.code() in UNREACHED_CODES:
+                self.trouble(error.str())
+                return True
+            seen = seen.__cause__
         return False
 
     def ok(self) -> None:

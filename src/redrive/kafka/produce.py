@@ -178,15 +178,20 @@ def producer_failed(exc: BaseException) -> bool:
 
 
 def passing_failure(exc: BaseException) -> bool:
-    """Whether `exc`, from a transaction, says the producer was in a passing state rather than
-    that the brokers refused what it produced (which they would refuse again): librdkafka's
-    erroneous state (seen once in CI just after aborts: "Failed to commit offsets to
-    transaction on broker (none): Local: Erroneous state") or an error marked retriable.
-    Any other answer counts as a refusal, so that an error not foreseen here holds its
-    partitions instead of handling their records again as fast as the loop runs."""
-    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return isinstance(error, KafkaError) and (error.code() == KafkaError._STATE
-                                              or error.retriable())
+    """Whether `exc`, from a transaction, or an exception it was raised from, says the
+    producer was in a passing state rather than that the brokers refused what it produced
+    (which they would refuse again): librdkafka's erroneous state (seen once in CI just after
+    aborts: "Failed to commit offsets to transaction on broker (none): Local: Erroneous
+    state") or an error marked retriable. Any other answer counts as a refusal, so that an
+    error not foreseen here holds its partitions instead of handling their records again as
+    fast as the loop runs."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        error = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
+        if isinstance(error, KafkaError):
+            return error.code() == KafkaError._STATE or error.retriable()
+        seen = seen.__cause__
+    return False
 
 
 def discard_producer(producer_: Producer | None) -> None:

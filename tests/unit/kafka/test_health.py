@@ -97,6 +97,22 @@ def test_errors_that_are_not_an_outage_change_nothing() -> None:
     health.ok()  # its announcing timer would fire 3 s later, in another test
 
 
+def test_an_exception_raised_from_an_unanswered_request_is_an_outage() -> None:
+    health = BrokerHealth("x")
+    try:
+        try:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no answer"))
+        except KafkaException as timed_out:
+            raise RuntimeError("the transaction was aborted") from timed_out
+    except RuntimeError as wrapper:
+        assert health.failed(wrapper)
+    assert health.down
+    health.ok()
+    refused = RuntimeError("aborted")
+    refused.__cause__ = KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+    assert not health.failed(refused) and not health.down
+
+
 def test_checks_back_off_while_down_and_a_good_one_ends_the_outage() -> None:
     clock = Clock()
     health = BrokerHealth("x", clock=clock)
