@@ -26,7 +26,7 @@ from redrive.consumer import RetryingConsumer
 from redrive.delay import DelayService, Tiers, schedule
 from redrive.delay.service import CLOSE_TIMEOUT_S
 from redrive.dev.brokers import DevBroker
-from redrive.kafka import closing
+from redrive.kafka import closing, health
 from redrive.kafka.transactions import TransactionalProducer
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
@@ -309,6 +309,45 @@ def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_l
         again.stop(timeout_s=60)
     retried = {int(r.value or b"") for r, _ in calls.calls if r.delivery.attempt == 1}
     assert retried == set(range(0, RECORDS, 10))
+
+
+def test_an_idle_consumer_reports_a_broker_that_stops_answering_within_seconds(
+        own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
+    # With nothing to commit, a consumer's only requests were its fetches, which librdkafka
+    # times out after socket.timeout.ms: redrive_broker_up stayed 1 for about a minute of a
+    # SIGSTOPped broker.
+    bootstrap = own_broker.bootstrap
+    assert own_broker.pid is not None
+    topic = group = f"outage-idle-{time.monotonic_ns()}"
+    kafka.create_topics(kafka.admin(bootstrap), {topic: 1})
+    producer = kafka.producer(bootstrap)
+    producer.produce(topic, b"0")
+    assert producer.flush(30) == 0
+    calls = Handled()
+    consumer = RetryingConsumer(bootstrap, topic, group, RetryPolicy(attempts=1), calls.add)
+    caplog.set_level(logging.INFO, logger="redrive")
+    run = Background(consumer)
+    try:
+        wait_until(lambda: len(calls.values()) == 1, 30, "the one record handled")
+        os.kill(own_broker.pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            wait_until(lambda: consumer.metrics.value("redrive_broker_up") == 0, 30,
+                       "redrive_broker_up to drop to 0")
+            noticed_s = time.monotonic() - stopped
+        finally:
+            os.kill(own_broker.pid, signal.SIGCONT)
+        wait_until(lambda: consumer.metrics.value("redrive_broker_up") == 1, 30,
+                   "redrive_broker_up back to 1")
+        producer.produce(topic, b"1")
+        assert producer.flush(30) == 0
+        wait_until(lambda: len(calls.values()) == 2, 30, "a record sent after the outage handled")
+    finally:
+        run.stop(timeout_s=60)
+    # A quiet spell, a probe's timeout and the announcing grace, with room for a loaded machine.
+    assert noticed_s < health.QUIET_PROBE_S + health.PROBE_TIMEOUT_S + health.ANNOUNCE_AFTER_S + 5
+    assert [int(v or b"") for v in calls.values()] == [0, 1]
+    check_reported_once(caplog, f"group {group}")
 
 
 def test_a_transactional_delay_service_stopped_while_the_broker_does_not_answer_stops_in_time(

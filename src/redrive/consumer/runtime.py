@@ -260,8 +260,7 @@ class RetryingConsumer:
                         self._handle_batch(messages)
                     elif committer.unconfirmed:
                         committer.settle()
-                    if self.health.down:
-                        self.health.tick(consumer.member)
+                    self.health.tick(consumer.member)
                     self._update_gauges()
         finally:
             self.close()

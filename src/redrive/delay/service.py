@@ -280,8 +280,7 @@ class DelayService:
         first = consumer.poll(self._holds.wait_s(now_ms(), IDLE_POLL_S))
         if first is None:
             self._report_paused()  # the oldest held record's age grows while nothing arrives
-            if self.health.down:
-                self.health.tick(consumer)
+            self.health.tick(consumer)
             return
         # poll returns at the first record; draining what else is already fetched batches the
         # transaction without waiting for more.

@@ -7,9 +7,12 @@ closing its connections (a paused process, a partition in the network) raises no
 until a request times out. So a `BrokerHealth` is told of trouble from both sides: librdkafka's
 callback (`on_error`, installed in each client the runtime builds through `watch`) and the
 runtime's own failed requests (`trouble`: an unconfirmed delivery, a commit that timed out). It
-is told the broker is back by any request that succeeded (`ok`: a fetched record, an
-acknowledged copy, a commit) or, while the runtime has nothing to send, by a metadata request it
-makes itself at growing intervals (`tick`).
+is told the broker is back by any request that succeeded (`ok`: an acknowledged copy, a commit)
+or, while the runtime has nothing to send, by a metadata request it makes itself at growing
+intervals (`tick`). A runtime with nothing to commit makes no request but its fetches, whose
+timeouts librdkafka reports only after socket.timeout.ms (a minute): so `tick` also asks for
+metadata when nothing has been heard for QUIET_PROBE_S, and a request that goes unanswered
+then is trouble like any other.
 
 An outage is logged once when it starts and once when it ends, with how long it lasted, and is
 exposed as `redrive_broker_up` (1 or 0) in the runtime's metrics.
@@ -40,6 +43,9 @@ FIRST_PROBE_S = 0.5
 MAX_PROBE_S = 30.0
 PROBE_TIMEOUT_S = 1.0
 ANNOUNCE_AFTER_S = 3.0
+# One metadata request per quiet spell this long: nothing to a broker, and an outage is seen in
+# seconds rather than librdkafka's minute.
+QUIET_PROBE_S = 5.0
 
 
 class UpGauge(Protocol):
@@ -71,6 +77,7 @@ class BrokerHealth:
         self._timer: threading.Timer | None = None
         self._probe_every = FIRST_PROBE_S
         self._probe_at = 0.0
+        self._heard_at = clock()
         self.outages = 0
         if gauge is not None:
             gauge.broker_up(True)
@@ -147,6 +154,7 @@ class BrokerHealth:
 
     def ok(self) -> None:
         """A request to the brokers succeeded."""
+        self._heard_at = self._clock()
         if self._down_since is None:  # the common case, without the lock
             return
         with self._lock:
@@ -163,11 +171,23 @@ class BrokerHealth:
                 self._gauge.broker_up(True)
 
     def tick(self, client: Probed) -> None:
-        """While down (call it then, from the runtime's loop): when the next check is due, ask
-        the cluster for metadata through `client`. Each failed check doubles the wait before
-        the next, up to MAX_PROBE_S; a check that succeeds ends the outage."""
+        """Call it from the runtime's loop at each turn. While down, when the next check is
+        due, ask the cluster for metadata through `client`: each failed check doubles the wait
+        before the next, up to MAX_PROBE_S; a check that succeeds ends the outage. While up,
+        ask once nothing has been heard for QUIET_PROBE_S: a check that goes unanswered starts
+        an outage (announced after ANNOUNCE_AFTER_S, unless a request succeeds first)."""
+        now = self._clock()
+        if self._down_since is None:
+            if now - self._heard_at < QUIET_PROBE_S:  # the common case, without the lock
+                return
+            self._heard_at = now  # one check per quiet spell, whatever its answer
+            try:
+                client.list_topics(timeout=PROBE_TIMEOUT_S)
+            except KafkaException as exc:
+                self.failed(exc)
+            return
         with self._lock:
-            if self._down_since is None or self._clock() < self._probe_at:
+            if self._down_since is None or now < self._probe_at:
                 return
         try:
             client.list_topics(timeout=PROBE_TIMEOUT_S)

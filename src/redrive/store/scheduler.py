@@ -312,8 +312,7 @@ class Scheduler:
                     if failures:
                         log.warning("scheduler passes succeed again after %d failed", failures)
                         failures = 0
-                    if self.health.down:
-                        self.health.tick(self._require_producer())
+                    self.health.tick(self._require_producer())
                     if done.published + done.expired < self.batch_size:
                         self._stopping.wait(self.idle_s)
         finally:
