@@ -311,11 +311,12 @@ def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_l
     assert retried == set(range(0, RECORDS, 10))
 
 
-def test_an_idle_consumer_reports_a_broker_that_stops_answering_within_seconds(
-        own_broker: DevBroker, caplog: pytest.LogCaptureFixture) -> None:
-    # With nothing to commit, a consumer's only requests were its fetches, which librdkafka
-    # times out after socket.timeout.ms: redrive_broker_up stayed 1 for about a minute of a
-    # SIGSTOPped broker.
+def test_idle_runtimes_report_a_broker_that_stops_answering_within_seconds(
+        own_broker: DevBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # With nothing to commit or send, a runtime's only requests were its fetches, which
+    # librdkafka times out after socket.timeout.ms: an idle consumer kept redrive_broker_up at
+    # 1 for about a minute of a SIGSTOPped broker. One freeze for a consumer, a delay service
+    # and a store scheduler, each with nothing to do.
     bootstrap = own_broker.bootstrap
     assert own_broker.pid is not None
     topic = group = f"outage-idle-{time.monotonic_ns()}"
@@ -325,29 +326,40 @@ def test_an_idle_consumer_reports_a_broker_that_stops_answering_within_seconds(
     assert producer.flush(30) == 0
     calls = Handled()
     consumer = RetryingConsumer(bootstrap, topic, group, RetryPolicy(attempts=1), calls.add)
+    service = delay_service(bootstrap, topic)
+    store = RetryStore(tmp_path / "store.db")
+    scheduler = Scheduler(store, bootstrap, idle_s=0.05)
+    runtimes = {f"group {group}": consumer.metrics,
+                f"delay service {topic}-service": service.metrics,
+                "store scheduler": scheduler.metrics}
     caplog.set_level(logging.INFO, logger="redrive")
-    run = Background(consumer)
+    runs = [Background(consumer), Background(service), Background(scheduler)]
     try:
         wait_until(lambda: len(calls.values()) == 1, 30, "the one record handled")
         os.kill(own_broker.pid, signal.SIGSTOP)
         try:
             stopped = time.monotonic()
-            wait_until(lambda: consumer.metrics.value("redrive_broker_up") == 0, 30,
-                       "redrive_broker_up to drop to 0")
+            for who, metrics in runtimes.items():
+                wait_until(lambda m=metrics: m.value("redrive_broker_up") == 0, 30,
+                           f"{who}: redrive_broker_up to drop to 0")
             noticed_s = time.monotonic() - stopped
         finally:
             os.kill(own_broker.pid, signal.SIGCONT)
-        wait_until(lambda: consumer.metrics.value("redrive_broker_up") == 1, 30,
-                   "redrive_broker_up back to 1")
+        for who, metrics in runtimes.items():
+            wait_until(lambda m=metrics: m.value("redrive_broker_up") == 1, 30,
+                       f"{who}: redrive_broker_up back to 1")
         producer.produce(topic, b"1")
         assert producer.flush(30) == 0
         wait_until(lambda: len(calls.values()) == 2, 30, "a record sent after the outage handled")
     finally:
-        run.stop(timeout_s=60)
-    # A quiet spell, a probe's timeout and the announcing grace, with room for a loaded machine.
+        for run in runs:
+            run.stop(timeout_s=60)
+        store.close()
+    # A quiet spell, a check's timeout and the announcing grace, with room for a loaded machine.
     assert noticed_s < health.QUIET_PROBE_S + health.PROBE_TIMEOUT_S + health.ANNOUNCE_AFTER_S + 5
     assert [int(v or b"") for v in calls.values()] == [0, 1]
-    check_reported_once(caplog, f"group {group}")
+    for who in runtimes:
+        check_reported_once(caplog, who)
 
 
 def test_a_transactional_delay_service_stopped_while_the_broker_does_not_answer_stops_in_time(

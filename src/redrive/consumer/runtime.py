@@ -141,7 +141,7 @@ class RetryingConsumer:
         self.handler = handler
         self.transactional = bool(transactional)
         self.metrics = metrics if metrics is not None else Metrics("consumer", self.group)
-        self.health = BrokerHealth(f"group {self.group}", self.metrics)
+        self.health = BrokerHealth(f"group {self.group}", self.metrics, topic=self.topics[0])
         self._connection = self.health.watch(kafka.client_config(connection))
         self._config = {**CONSUMER_OVERRIDES, **(config or {})}
         self._producer_config = dict(producer_config or {})

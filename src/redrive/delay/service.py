@@ -161,7 +161,8 @@ class DelayService:
         self.create_topics = create_topics
         self.max_batch = max_batch
         self.metrics = Metrics("delay", group_id)
-        self.health = BrokerHealth(f"delay service {group_id}", self.metrics)
+        self.health = BrokerHealth(f"delay service {group_id}", self.metrics,
+                                   topic=tiers.tiers[0].topic)
         self._watched = self.health.watch(kafka.client_config(connection))
         self._metrics_port = metrics_port
         self._consumer_overrides = dict(consumer_overrides or {})

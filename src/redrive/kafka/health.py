@@ -55,7 +55,7 @@ class UpGauge(Protocol):
 class Probed(Protocol):
     """Any confluent-kafka client: each can ask the cluster for its metadata."""
 
-    def list_topics(self, *, timeout: float = ...) -> Any: ...
+    def list_topics(self, topic: str | None = ..., *, timeout: float = ...) -> Any: ...
 
 
 class BrokerHealth:
@@ -63,12 +63,15 @@ class BrokerHealth:
 
     who: how the log lines name the runtime ("group billing", "delay service").
     gauge: where `redrive_broker_up` is set (the runtime's Metrics).
+    topic: one of the runtime's topics, the only one its checks ask about: a whole cluster's
+        metadata, asked for every quiet spell by every idle runtime, can be large.
     """
 
-    def __init__(self, who: str, gauge: UpGauge | None = None, *,
+    def __init__(self, who: str, gauge: UpGauge | None = None, *, topic: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.who = who
         self._gauge = gauge
+        self._topic = topic
         self._clock = clock
         self._lock = threading.Lock()  # librdkafka's callbacks may come from any client's poll
         self._down_since: float | None = None
@@ -182,7 +185,7 @@ class BrokerHealth:
                 return
             self._heard_at = now  # one check per quiet spell, whatever its answer
             try:
-                client.list_topics(timeout=PROBE_TIMEOUT_S)
+                client.list_topics(self._topic, timeout=PROBE_TIMEOUT_S)
             except KafkaException as exc:
                 self.failed(exc)
             return
@@ -190,7 +193,7 @@ class BrokerHealth:
             if self._down_since is None or now < self._probe_at:
                 return
         try:
-            client.list_topics(timeout=PROBE_TIMEOUT_S)
+            client.list_topics(self._topic, timeout=PROBE_TIMEOUT_S)
         except KafkaException:
             with self._lock:
                 self._probe_every = min(MAX_PROBE_S, self._probe_every * 2)

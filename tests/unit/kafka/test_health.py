@@ -31,9 +31,11 @@ class Cluster:
     def __init__(self) -> None:
         self.up = False
         self.asked: list[float] = []
+        self.topics: list[str | None] = []
 
-    def list_topics(self, *, timeout: float = -1) -> Any:
+    def list_topics(self, topic: str | None = None, *, timeout: float = -1) -> Any:
         self.asked.append(timeout)
+        self.topics.append(topic)
         if not self.up:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT))
         return object()
@@ -140,7 +142,7 @@ def test_checks_back_off_while_down_and_a_good_one_ends_the_outage() -> None:
 
 def test_a_quiet_runtime_asks_once_per_quiet_spell_and_an_unanswered_check_is_an_outage() -> None:
     clock = Clock()
-    health = BrokerHealth("x", clock=clock)
+    health = BrokerHealth("x", clock=clock, topic="orders")
     cluster = Cluster()
     cluster.up = True
     quiet = health_module.QUIET_PROBE_S
@@ -159,6 +161,7 @@ def test_a_quiet_runtime_asks_once_per_quiet_spell_and_an_unanswered_check_is_an
     clock.now += quiet
     health.tick(cluster)
     assert health.down and cluster.asked[-1] == health_module.PROBE_TIMEOUT_S
+    assert set(cluster.topics) == {"orders"}  # not the whole cluster's metadata
     health.ok()  # its announcing timer would fire later, in another test
 
 
@@ -167,7 +170,7 @@ def test_a_quiet_check_refused_for_another_reason_is_not_an_outage() -> None:
     health = BrokerHealth("x", clock=clock)
 
     class Refusing:
-        def list_topics(self, *, timeout: float = -1) -> Any:
+        def list_topics(self, topic: str | None = None, *, timeout: float = -1) -> Any:
             raise KafkaException(KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED))
 
     clock.now += health_module.QUIET_PROBE_S
