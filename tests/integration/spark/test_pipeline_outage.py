@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,21 @@ from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, RetryPolicy
 from redrive.spark import RetryPipeline, ledger
 from redrive.spark.outcomes import DEAD_LETTER, OK, BatchReport, Outcomes, Routed
+from redrive.spark.writer import drop_cached_producers
 
 from ..background import Background
 from .test_pipeline import FORMS, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_cached_producer_outlives_the_broker(module_broker: DevBroker) -> Iterator[None]:
+    """The driver's cached producers for the module's broker are dropped before it stops: kept,
+    they would try to reconnect to its closed port, and log each try, for the rest of the
+    session."""
+    yield
+    drop_cached_producers()
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
