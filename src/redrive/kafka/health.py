@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException
 
 from redrive.errors import DeliveryFailed
+from redrive.kafka.causes import causes, kafka_error
 from redrive.kafka.config import Connection
 
 log = logging.getLogger("redrive.kafka.health")
@@ -142,17 +143,15 @@ class BrokerHealth:
         """Whether `exc` (from a request), or an exception it was raised from, says the broker
         did not answer; if so, trouble(). The causes count because callers see wrappers: an
         aborted transaction raised from its timed-out call, say."""
-        seen: BaseException | None = exc
-        while seen is not None:
+        for seen in causes(exc):
             if isinstance(seen, DeliveryFailed):
                 if seen.unanswered:
                     self.trouble(str(seen))
                 return seen.unanswered
-            error = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
-            if isinstance(error, KafkaError) and error.code() in UNREACHED_CODES:
+            error = kafka_error(seen)
+            if error is not None and error.code() in UNREACHED_CODES:
                 self.trouble(error.str())
                 return True
-            seen = seen.__cause__
         return False
 
     def ok(self) -> None:

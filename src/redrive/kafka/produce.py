@@ -9,6 +9,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from redrive.errors import DeliveryFailed, RecordTooLarge
+from redrive.kafka.causes import causes, kafka_error
 from redrive.kafka.health import UNREACHED_CODES
 from redrive.kafka.records import Delivered, OutRecord, record_size
 
@@ -164,16 +165,14 @@ def producer_failed(exc: BaseException) -> bool:
     either way. A SystemError caused by something else (a bug in a callback) is not this."""
     if isinstance(exc, SystemError) and exc.__cause__ is None and "cimpl.Producer" in str(exc):
         return True
-    seen: BaseException | None = exc
-    while seen is not None:
+    for seen in causes(exc):
         if isinstance(seen, DeliveryFailed):
             if seen.fatal:
                 return True
         else:
-            error = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
-            if isinstance(error, KafkaError) and (error.fatal() or error.code() in _FAILED):
+            error = kafka_error(seen)
+            if error is not None and (error.fatal() or error.code() in _FAILED):
                 return True
-        seen = seen.__cause__
     return False
 
 
@@ -185,12 +184,10 @@ def passing_failure(exc: BaseException) -> bool:
     state") or an error marked retriable. Any other answer counts as a refusal, so that an
     error not foreseen here holds its partitions instead of handling their records again as
     fast as the loop runs."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        error = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
-        if isinstance(error, KafkaError):
+    for seen in causes(exc):
+        error = kafka_error(seen)
+        if error is not None:
             return error.code() == KafkaError._STATE or error.retriable()
-        seen = seen.__cause__
     return False
 
 
