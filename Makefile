@@ -53,8 +53,9 @@ lint: .venv
 typecheck: .venv
 	$(PY) -m mypy
 
-# Two workers: one runs the Spark tests (one JVM, Connect server and cluster), the other every
-# other file meanwhile (tests/conftest.py, SparkFilesTogether). One after the other took 21 min.
+# Two workers: one runs the Spark tests that share a JVM and the Connect server, the other every
+# other file meanwhile, the standalone cluster's among them (tests/conftest.py,
+# SparkFilesTogether). One after the other took 21 min.
 pytest: .venv tools postgres browser
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
