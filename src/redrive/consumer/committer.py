@@ -34,9 +34,10 @@ from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.commits import CommitPipeline, Pending, topic_of
 from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed, RedriveError
+from redrive.kafka.causes import drop_stack
 from redrive.kafka.health import BrokerHealth
 from redrive.kafka.holds import Holds, Refusals
-from redrive.kafka.produce import discard_producer, drop_stack, passing_failure, producer_failed
+from redrive.kafka.produce import discard_producer, passing_failure, producer_failed
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics

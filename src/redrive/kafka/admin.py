@@ -14,6 +14,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from redrive.errors import BrokerUnavailable, UnknownTopic
+from redrive.kafka.causes import drop_stack
 from redrive.kafka.config import Admin, Connection, admin, consumer
 from redrive.kafka.records import PartitionKey
 
@@ -56,6 +57,7 @@ def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
             error = exc.args[0]
             code = error.code() if isinstance(error, KafkaError) else None
             if code == KafkaError.TOPIC_ALREADY_EXISTS:
+                drop_stack(exc)  # the future keeps it, and the callers' frames through it
                 continue
             if code in _UNANSWERED:  # librdkafka's own timeout may come first
                 raise BrokerUnavailable(_bootstrap(admin_), f"creating topic {name!r} got no "
@@ -138,6 +140,7 @@ def _topic_configs(admin_: AdminClient, topics: Sequence[str],
             error = exc.args[0]
             if isinstance(error, KafkaError) and error.code() in _UNANSWERED:
                 raise BrokerUnavailable(_bootstrap(admin_), str(error)) from exc
+            drop_stack(exc)  # as in create_topics
             continue
         found[resource.name] = {name: (entry.value, entry.source)
                                 for name, entry in entries.items() if entry.value is not None}

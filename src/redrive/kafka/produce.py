@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from redrive.errors import DeliveryFailed, RecordTooLarge
-from redrive.kafka.causes import causes, kafka_error
+from redrive.kafka.causes import causes, drop_stack, kafka_error
 from redrive.kafka.health import UNREACHED_CODES
 from redrive.kafka.records import Delivered, OutRecord, record_size
 
@@ -144,14 +144,6 @@ def delivery_failed(topic: str, partition: int | None, error: KafkaError) -> Del
     return DeliveryFailed(topic, partition, why,
                           unanswered=error.code() in UNREACHED_CODES,
                           fatal=error.fatal() or error.code() in _FAILED)
-
-
-def drop_stack(exc: SystemError) -> None:
-    """Cut a fatal producer error's SystemError from the stack it was raised through.
-    confluent-kafka keeps a reference to that exception for good (seen after a noida-db restart):
-    through its traceback it would keep every frame of that stack alive, the failed producer
-    with them, reconnecting to the brokers for the life of the process."""
-    exc.__traceback__ = None
 
 
 def producer_failed(exc: BaseException) -> bool:
