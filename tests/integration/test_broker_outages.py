@@ -124,6 +124,7 @@ def test_a_transactional_delay_service_reports_a_broker_that_does_not_answer_and
 
     monkeypatch.setattr(TransactionalProducer, "commit", freeze_then_commit)
     caplog.set_level(logging.INFO, logger="redrive")
+    producers_before = live_producers()
     producer = kafka.producer(bootstrap)
     for n in range(RECORDS):
         schedule(producer, target, b"%d" % n, delay="300ms", tiers=service.tiers)
@@ -146,6 +147,10 @@ def test_a_transactional_delay_service_reports_a_broker_that_does_not_answer_and
     assert held == []
     arrived = read_all(bootstrap, target, expect=RECORDS, timeout_s=30, idle_s=2)
     assert {int(r.value or b"") for r in arrived} == set(range(RECORDS))
+    # The producer replaced after its abort timed out must not live on, reconnecting: the
+    # errors of its timed-out calls, which confluent-kafka keeps, held it through their frames.
+    del producer
+    assert live_producers() <= producers_before
     check_reported_once(caplog, f"delay service {name}-service")
 
 

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from redrive.errors import DeliveryFailed, RedriveError
+from redrive.kafka.causes import drop_stack
 from redrive.kafka.closing import LEAST_S
 from redrive.kafka.config import Connection, producer
 from redrive.kafka.produce import Shrink, produce
@@ -143,6 +144,7 @@ class TransactionalProducer:
             self._commit(producer_)
             return result
         except KafkaException as exc:
+            drop_stack(exc)  # kept by confluent-kafka, it would keep this producer alive
             self._raise_if_fenced(exc)
             error = exc.args[0]
             if isinstance(error, KafkaError) and error.fatal():
@@ -197,6 +199,7 @@ class TransactionalProducer:
         try:
             producer_.abort_transaction(LEAST_S if self._stopping.is_set() else self._timeout_s)
         except KafkaException as exc:
+            drop_stack(exc)
             self._raise_if_fenced(exc)
             error = exc.args[0]
             # A producer that cannot even abort is replaced: its successor's start aborts what
