@@ -199,7 +199,7 @@ class TransactionalProducer:
         try:
             producer_.abort_transaction(LEAST_S if self._stopping.is_set() else self._timeout_s)
         except KafkaException as exc:
-            drop_stack(exc)
+            drop_stack(exc)  # as in run()
             self._raise_if_fenced(exc)
             error = exc.args[0]
             # A producer that cannot even abort is replaced: its successor's start aborts what
