@@ -219,6 +219,7 @@ class Scheduler:
                     log.warning("the producer failed for good; the next pass makes a new one")
                 raise
             self.health.ok()
+            self.health.topic = out[-1][1].topic
             at = now_ms()
             batch.mark_in_flight((row.id for row, _ in out), at)
         lateness = [at - row.due_ms for row, _ in out]
