@@ -4,6 +4,7 @@ committed."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -132,10 +133,12 @@ def test_a_copy_its_topic_refuses_holds_its_partition_with_growing_pauses_until_
     kafka.produce_confirmed(big_producer, [kafka.OutRecord(topic, b"v" * 1_200_000, b"big", [],
                                                            0)])
     calls: list[tuple[bytes | None, int]] = []
+    big_at: list[float] = []
 
     def handle(record: Record) -> None:
         calls.append((record.key, record.partition))
         if record.key == b"big":
+            big_at.append(time.monotonic())
             raise ValueError("cannot be parsed")
 
     running(RetryingConsumer(
@@ -148,8 +151,14 @@ def test_a_copy_its_topic_refuses_holds_its_partition_with_growing_pauses_until_
     wait_until(lambda: committed(bootstrap, group, topic).get(1) == 5, 20,
                "the other partition handled and committed")
     time.sleep(4)
-    # Handled at 0 s, about 1 s and about 3 s: not dozens of times a second.
-    assert 2 <= calls.count((b"big", 0)) <= 4
+    # Handled at 0 s, about 1 s, about 3 s...: not dozens of times a second. A transaction can
+    # first fail as librdkafka's erroneous state, before the refusal is reported (a passing
+    # failure, rewound at once: seen in CI under load); its next try meets the refusal itself.
+    gaps = [later - earlier for earlier, later in itertools.pairwise(big_at)]
+    at_once = [gap for gap in gaps if gap < 0.5]
+    paused = [gap for gap in gaps if gap >= 0.5]
+    assert len(at_once) <= (1 if transactional else 0), gaps
+    assert paused and paused[0] >= 0.9 and paused == sorted(paused), gaps
     assert committed(bootstrap, group, topic)[0] < 1
     assert read_all(bootstrap, dlt, timeout_s=2) == []
 
