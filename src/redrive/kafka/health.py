@@ -65,16 +65,17 @@ class BrokerHealth:
     who: how the log lines name the runtime ("group billing", "delay service").
     gauge: where `redrive_broker_up` is set (the runtime's Metrics).
     topic: one of the runtime's topics, the only one its checks ask about: a whole cluster's
-        metadata, asked for every quiet spell by every idle runtime, can be large. A runtime
-        that learns its topics as it goes (the store scheduler, from the copies it publishes)
-        sets `topic` when it does.
+        metadata, asked for every quiet spell by every idle runtime, can be large. None where
+        the checks go through a producer: librdkafka's producers ask for one topic's metadata
+        allowing the cluster to create it (allow.auto.create.topics), so checks about a topic
+        deleted since would bring it back where the brokers create topics on demand.
     """
 
     def __init__(self, who: str, gauge: UpGauge | None = None, *, topic: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.who = who
         self._gauge = gauge
-        self.topic = topic
+        self._topic = topic
         self._clock = clock
         self._lock = threading.Lock()  # librdkafka's callbacks may come from any client's poll
         self._down_since: float | None = None
@@ -186,7 +187,7 @@ class BrokerHealth:
                 return
             self._heard_at = now  # one check per quiet spell, whatever its answer
             try:
-                client.list_topics(self.topic, timeout=PROBE_TIMEOUT_S)
+                client.list_topics(self._topic, timeout=PROBE_TIMEOUT_S)
             except KafkaException as exc:
                 self.failed(exc)
             return
@@ -194,7 +195,7 @@ class BrokerHealth:
             if self._down_since is None or now < self._probe_at:
                 return
         try:
-            client.list_topics(self.topic, timeout=PROBE_TIMEOUT_S)
+            client.list_topics(self._topic, timeout=PROBE_TIMEOUT_S)
         except KafkaException:
             with self._lock:
                 self._probe_every = min(MAX_PROBE_S, self._probe_every * 2)

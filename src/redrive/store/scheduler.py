@@ -118,6 +118,7 @@ class Scheduler:
         if webhook:
             hooks.append(Webhook(webhook))
         self.notifier = Notifier(hooks)
+        # Its checks go through its producer, so they ask about no topic (see BrokerHealth).
         self.health = BrokerHealth("store scheduler", self.metrics)
         self._connection = self.health.watch(kafka.client_config(connection))
         self._producer_config = dict(producer_config or {})
@@ -219,7 +220,6 @@ class Scheduler:
                     log.warning("the producer failed for good; the next pass makes a new one")
                 raise
             self.health.ok()
-            self.health.topic = out[-1][1].topic
             at = now_ms()
             batch.mark_in_flight((row.id for row, _ in out), at)
         lateness = [at - row.due_ms for row, _ in out]

@@ -20,7 +20,6 @@ from redrive import kafka
 from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
 from redrive.errors import InvalidArgument
-from redrive.kafka import health
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry, StoreUnavailable, claims
@@ -416,41 +415,3 @@ def test_a_row_whose_destination_is_gone_dies_without_blocking_the_others(
     assert runner.metrics.value("redrive_dead_lettered_total", topic=missing,
                                 reason="unknown-topic") == 1
     runner.close()
-
-
-class AskedAbout:
-    """A producer that notes the topic of each metadata request made through it."""
-
-    def __init__(self, producer: Any) -> None:
-        self._producer = producer
-        self.asked: list[str | None] = []
-
-    def list_topics(self, topic: str | None = None, **kwargs: Any) -> Any:
-        self.asked.append(topic)
-        return self._producer.list_topics(topic, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._producer, name)
-
-
-def test_an_idle_scheduler_checks_on_its_brokers_by_the_topic_it_last_wrote_to(
-        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
-        background: Start, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Whole-cluster metadata, asked for by every idle scheduler every quiet spell, can be large.
-    topic = new_topic()
-    producers: list[AskedAbout] = []
-    make = kafka.producer
-
-    def spied(*args: Any, **kwargs: Any) -> AskedAbout:
-        producers.append(AskedAbout(make(*args, **kwargs)))
-        return producers[-1]
-
-    monkeypatch.setattr(kafka, "producer", spied)
-    store.write([entry(unique_name("g"), topic, 0)], [])
-    run = background(scheduler(store, bootstrap))
-    wait_until(lambda: store.counts() == {IN_FLIGHT: 1}, 30, "the row published")
-    published = len(producers[0].asked)
-    time.sleep(health.QUIET_PROBE_S + 1.5)  # nothing more to publish: one quiet spell
-    run.stop()
-    assert len(producers) == 1
-    assert producers[0].asked[published:] == [topic]
