@@ -170,8 +170,9 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     group's retry and dead-letter partitions ended before the batch copied. The checkpoint tells
     the query's batches from another query's (a new checkpoint numbers its batches from 0
     again, even at a path where an earlier one was deleted: the query's id in it tells them
-    apart; reading it is one small Spark read a call, about 80 ms here). Without them a batch
-    run again copies its failures again, and each is then handled twice.
+    apart; reading it is one small Spark read, about 80 ms here, which a classic session does
+    once a query and Spark Connect once a call). Without them a batch run again copies its
+    failures again, and each is then handled twice.
     """
     topics.check_name("group", group)
     check_instance("policy", policy, RetryPolicy, "a RetryPolicy")

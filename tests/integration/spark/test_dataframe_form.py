@@ -5,6 +5,7 @@ batch that writes and copies nothing twice."""
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import time
 from collections import Counter
@@ -526,6 +527,39 @@ def test_route_failures_with_the_batch_id_copies_nothing_twice_when_a_batch_runs
                       "query": query_id(spark, cp)})]
     assert {tuple(mark.rpartition(":")[::2]) for mark in entries[0].marks} == {
         (f"{topic}.{group}.retry.1s", "0"), (f"{topic}.{group}.dlt", "0")}
+
+
+def test_a_query_reads_its_id_from_its_checkpoint_once(spark: Any, tmp_path: Path) -> None:
+    """On the classic session a query's first call reads the checkpoint's metadata (a Spark job,
+    once a micro-batch with route_failures); its later calls take the id from the query's own
+    thread. A query made afresh at the same path reads it again."""
+    source = tmp_path / "in"
+    source.mkdir()
+    for n in range(3):
+        (source / f"{n}.txt").write_text(f"line {n}\n")
+    cp = str(tmp_path / "cp")
+    seen: list[tuple[int, str]] = []
+
+    def each_batch(batch: Any, batch_id: int) -> None:
+        seen.append((batch_id, query_id(batch.sparkSession, cp)))
+        # Read again, the file would now name another query (its checksum file goes with it).
+        (Path(cp) / "metadata").write_text('{"id": "not-this-query"}')
+        (Path(cp) / ".metadata.crc").unlink(missing_ok=True)
+
+    def run() -> str:
+        query = (spark.readStream.option("maxFilesPerTrigger", 1).text(str(source))
+                 .writeStream.foreachBatch(each_batch).option("checkpointLocation", cp)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        return str(query.id)
+
+    first = run()
+    assert seen == [(0, first), (1, first), (2, first)]
+    shutil.rmtree(cp)
+    seen.clear()
+    second = run()
+    assert second != first
+    assert seen == [(0, second), (1, second), (2, second)]
 
 
 def test_route_failures_refuses_a_batch_id_that_is_not_one(spark: Any, bootstrap: str) -> None:
