@@ -98,6 +98,13 @@ def _as_bytes(value: bytes | bytearray | str | None) -> bytes | None:
     return bytes(value)
 
 
+def _header_name(name: str | None) -> str:
+    # Kafka has no header without a name: Java's client refuses it, and str() would write "None".
+    if name is None:
+        raise WriterInputError("headers", "key=None", "a header has a null key")
+    return name
+
+
 def _column(batch: pa.RecordBatch, name: str) -> list[Any]:
     if name in batch.schema.names:
         return list(batch.column(name).to_pylist())
@@ -115,7 +122,7 @@ def _records(batches: Iterator[pa.RecordBatch],
             if not topic:
                 raise WriterInputError("topic", topics[i],
                                        "a row has no topic and no default_topic was given")
-            headers = [(str(entry["key"]), _as_bytes(entry["value"]) or b"")
+            headers = [(_header_name(entry["key"]), _as_bytes(entry["value"]) or b"")
                        for entry in header_lists[i] or ()]
             yield kafka.OutRecord(topic=topic, value=_as_bytes(values[i]),
                                   key=_as_bytes(keys[i]), headers=headers,
