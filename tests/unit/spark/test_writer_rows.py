@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pytest
 
@@ -10,7 +12,7 @@ from redrive.spark import writer
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
-def batch(headers: list[list[dict[str, object]] | None]) -> pa.RecordBatch:
+def batch(headers: Sequence[object]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [pa.array([b"v"] * len(headers), pa.binary()), pa.array(headers, HEADERS)],
         names=["value", "headers"])
