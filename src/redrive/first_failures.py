@@ -45,16 +45,18 @@ class FirstFailures:
     `route` answers None where the general path must decide: a record carrying redrive headers
     (a retry copy, or unreadable ones), an error without a type or a MalformedHeader, and a dead
     letter whose policy asks for other systems' headers too (they hold the origin).
-    The policy's classifiers see each distinct error once.
+    The policy's classifiers see each distinct error once, or each raised one where a classifier
+    may read the live exception (a `predicate`), which two errors equal as data need not share.
     """
 
     def __init__(self, policy: RetryPolicy, group: str, now_ms: int) -> None:
         self.policy = policy
         self.group = group
         self.now_ms = now_ms
-        self._templates: dict[tuple[str, ErrorInfo], _Template | None] = {}
+        self._templates: dict[tuple[str, ErrorInfo, Disposition | None], _Template | None] = {}
         self._foreign = policy.dead_letter_format is not HeaderFormat.REDRIVE
         self._last: tuple[str, ErrorInfo, _Template | None] | None = None
+        self._by_data = policy.routes_by_data
 
     def route(self, topic: str, partition: int, offset: int, timestamp_ms: int | None,
               headers: Sequence[tuple[str, bytes]], error: ErrorInfo,
@@ -66,12 +68,14 @@ class FirstFailures:
         if last is not None and last[1] is error and last[0] == topic:
             template = last[2]  # the common case: the same error as the record before
         else:
-            key = (topic, error)
+            key: tuple[str, ErrorInfo, Disposition | None] = (topic, error, None)
+            if not self._by_data and error.exception is not None:
+                key = (topic, error, self.policy.disposition(error))
             if key in self._templates:
                 template = self._templates[key]
             else:
-                template = self._template(topic, error)
-                self._templates[(topic, error.detached())] = template
+                template = self._template(topic, error, key[2])
+                self._templates[(topic, error.detached(), key[2])] = template
             # Nothing here keeps a live exception: its traceback holds the frames that caught it,
             # and with them the batch being handled (see ErrorInfo.detached). Errors that are
             # data (a Spark batch's, decoded once per distinct error) repeat as one object.
@@ -104,13 +108,14 @@ class FirstFailures:
         built.append((h.REASON, reason.encode()))
         return DeadLetter(template.dead_letter, built, reason, 1, partition)
 
-    def _template(self, topic: str, error: ErrorInfo) -> _Template | None:
+    def _template(self, topic: str, error: ErrorInfo,
+                  disposition: Disposition | None) -> _Template | None:
         if isinstance(error.exception, MalformedHeader) or not error.type_name:
             return None
         policy = self.policy
         plan = topics.plan(policy, topic, self.group)
         dead_reason = None
-        if policy.disposition(error) is Disposition.DEAD_LETTER:
+        if (disposition or policy.disposition(error)) is Disposition.DEAD_LETTER:
             dead_reason = "not-retryable"
         elif policy.max_attempts <= 1:
             dead_reason = "exhausted"

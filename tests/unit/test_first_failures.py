@@ -8,7 +8,7 @@ from redrive import headers as h
 from redrive.errors import MalformedHeader
 from redrive.first_failures import FirstFailures
 from redrive.policy import Backoff, RetryPolicy
-from redrive.policy.classify import message_matches, predicate
+from redrive.policy.classify import error_type, message_matches, predicate
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Retry, route
 
@@ -146,3 +146,39 @@ def test_a_raised_error_is_not_kept_with_its_traceback() -> None:
     finally:
         gc.enable()
     assert all(isinstance(route, Retry) for route in routed)
+
+
+class Refused(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__("refused")  # errors equal as data: same type, message and trace
+        self.status = status
+
+
+def raised(status: int) -> ErrorInfo:
+    try:
+        raise Refused(status)
+    except Refused as exc:
+        return ErrorInfo.from_exception(exc)
+
+
+def test_errors_equal_as_data_are_each_classified_where_a_predicate_reads_the_exception() -> None:
+    policy = RetryPolicy(backoff=Backoff.fixed("5m"), not_retryable=predicate(
+        lambda error: getattr(error.exception, "status", 0) == 400))
+    assert not policy.routes_by_data
+    routes = FirstFailures(policy, "billing", NOW)
+    errors = [raised(status) for status in (503, 400, 503, 400)]
+    assert errors[0] == errors[1]
+    for offset, error in enumerate(errors):
+        fast = routes.route("orders", 0, offset, NOW, [], error)
+        general = route(Record("orders", 0, offset, NOW, b"k", b"v", []), error, policy, NOW,
+                        group="billing")
+        assert fast == general
+        assert isinstance(fast, DeadLetter if offset % 2 else Retry)
+
+
+def test_matchers_of_names_and_messages_read_data_only() -> None:
+    data = error_type("ValueError") | (message_matches("bad") & ~error_type("KeyError"))
+    assert data.reads_data_only
+    assert RetryPolicy(not_retryable=data).routes_by_data
+    assert not (data | predicate(lambda error: True)).reads_data_only
+    assert not RetryPolicy(retry_on=~predicate(lambda error: True)).routes_by_data

@@ -206,6 +206,14 @@ class RetryPolicy:
         """The nominal delay before each retry, in order: one entry per retry."""
         return [self.backoff.nominal_ms(retry) for retry in range(1, self.max_attempts)]
 
+    @property
+    def routes_by_data(self) -> bool:
+        """Whether an error's fate (retried or dead-lettered) follows from its data alone (see
+        ErrorMatcher.reads_data_only), so that errors equal as data share one route."""
+        assert isinstance(self.not_retryable, ErrorMatcher)
+        assert isinstance(self.retry_on, ErrorMatcher)
+        return self.not_retryable.reads_data_only and self.retry_on.reads_data_only
+
     def disposition(self, error: ErrorLike) -> Disposition:
         info = ErrorInfo.of(error)
         assert isinstance(self.not_retryable, ErrorMatcher)

@@ -23,6 +23,13 @@ class ErrorMatcher:
     def matches(self, error: ErrorInfo) -> bool:
         raise NotImplementedError
 
+    @property
+    def reads_data_only(self) -> bool:
+        """Whether the answer follows from the ErrorInfo's data alone (names, message, trace),
+        never from its live exception: then errors equal as data get the same answer, and a
+        route may be decided once for them all. Not for a matcher of unknown make."""
+        return False
+
     def __call__(self, error: ErrorLike) -> bool:
         return self.matches(ErrorInfo.of(error))
 
@@ -57,6 +64,10 @@ class ByType(ErrorMatcher):
                 return True
         return False
 
+    @property
+    def reads_data_only(self) -> bool:
+        return True
+
 
 @dataclass(frozen=True)
 class MessageMatches(ErrorMatcher):
@@ -64,6 +75,10 @@ class MessageMatches(ErrorMatcher):
 
     def matches(self, error: ErrorInfo) -> bool:
         return self.pattern.search(error.message) is not None
+
+    @property
+    def reads_data_only(self) -> bool:
+        return True
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,10 @@ class AnyOf(ErrorMatcher):
     def matches(self, error: ErrorInfo) -> bool:
         return any(part.matches(error) for part in self.parts)
 
+    @property
+    def reads_data_only(self) -> bool:
+        return all(part.reads_data_only for part in self.parts)
+
 
 @dataclass(frozen=True)
 class AllOf(ErrorMatcher):
@@ -108,6 +127,10 @@ class AllOf(ErrorMatcher):
 
     def matches(self, error: ErrorInfo) -> bool:
         return all(part.matches(error) for part in self.parts)
+
+    @property
+    def reads_data_only(self) -> bool:
+        return all(part.reads_data_only for part in self.parts)
 
 
 @dataclass(frozen=True)
@@ -117,6 +140,10 @@ class Not(ErrorMatcher):
     def matches(self, error: ErrorInfo) -> bool:
         return not self.part.matches(error)
 
+    @property
+    def reads_data_only(self) -> bool:
+        return self.part.reads_data_only
+
 
 @dataclass(frozen=True)
 class Constant(ErrorMatcher):
@@ -124,6 +151,10 @@ class Constant(ErrorMatcher):
 
     def matches(self, error: ErrorInfo) -> bool:
         return self.value
+
+    @property
+    def reads_data_only(self) -> bool:
+        return True
 
 
 ANY_ERROR = Constant(True)

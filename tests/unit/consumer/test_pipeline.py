@@ -21,7 +21,7 @@ from redrive.consumer.committer import Committer
 from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed
 from redrive.kafka.transactions import TransactionAborted
-from redrive.policy import Backoff, RetryPolicy
+from redrive.policy import Backoff, ErrorMatcher, RetryPolicy, predicate
 from redrive.record import Origin, Record
 from redrive.routing import DeadLetter
 
@@ -179,14 +179,17 @@ class FakeConsumer:
         pass
 
 
-def _fake_runtime(fails: set[bytes], *, holds: bool = False
+def _fake_runtime(fails: set[bytes], *, holds: bool = False,
+                  handler: Callable[[Record], None] | None = None,
+                  not_retryable: ErrorMatcher | None = None,
                   ) -> tuple[RetryingConsumer, FakeConsumer, FakeProducer]:
-    def handler(record: Record) -> None:
+    def failing(record: Record) -> None:
         if record.value in fails and record.delivery.attempt == 0:
             raise RuntimeError("transient")
 
     runtime = RetryingConsumer("localhost:9", "orders", "g", RetryPolicy(
-        backoff=Backoff.fixed("1s"), attempts=3), handler)
+        backoff=Backoff.fixed("1s"), attempts=3, not_retryable=not_retryable),
+        handler or failing)
     consumer, producer = FakeConsumer(), FakeProducer()
     readers = Readers(consumer, None, (), incremental=False)  # type: ignore[arg-type]
     runtime._consumer = readers
@@ -217,6 +220,26 @@ def test_runtime_commits_only_after_every_earlier_copy_is_acknowledged() -> None
     assert consumer.commits == [{A: 10, B: 3}]
     assert runtime.metrics.total("redrive_retried_total") == 3
     assert runtime.metrics.total("redrive_processed_total") == 10
+
+
+class ApiError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__("the call failed")  # errors that print alike, from the same line
+        self.status = status
+
+
+def test_a_predicate_on_the_live_exception_decides_each_failure_of_a_batch() -> None:
+    def call(record: Record) -> None:
+        raise ApiError(int(record.value or b"0"))
+
+    permanent = predicate(lambda error: getattr(error.exception, "status", 0) == 400)
+    runtime, _, producer = _fake_runtime(set(), handler=call, not_retryable=permanent)
+    values = [b"400", b"503", b"503", b"400"]
+    runtime._handle_batch([FakeMessage("orders", 0, offset, value)
+                           for offset, value in enumerate(values)])
+    assert [(topic, value) for topic, value, _ in producer.waiting] == [
+        ("orders.g.dlt", b"400"), ("orders.g.retry.1s", b"503"),
+        ("orders.g.retry.1s", b"503"), ("orders.g.dlt", b"400")]
 
 
 def test_a_delivery_failure_mid_pipeline_rewinds_and_loses_nothing() -> None:
