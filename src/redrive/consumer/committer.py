@@ -139,8 +139,11 @@ class Committer:
         if len(self._pipeline) > MAX_UNCONFIRMED_BATCHES:
             self._wait_for_head()
 
-    def settle(self, exclude: Iterable[PartitionKey] = (), *, leaving: bool = False) -> None:
-        """Serve delivery reports; commit the acknowledged batches in order; rewind on a failure."""
+    def settle(self, exclude: Iterable[PartitionKey] = (), *,
+               leaving: Collection[PartitionKey] = ()) -> None:
+        """Serve delivery reports; commit the acknowledged batches in order; rewind on a failure.
+        `leaving`: the partitions being revoked or closed, rewound even for a refused copy (a
+        hold would outlive them) and left as they are where they cannot be sought."""
         if not self._pipeline:
             return
         self._serve(0)
@@ -159,10 +162,15 @@ class Committer:
             excluded = set(exclude)
             rewind = {tp: offset for tp, offset in settled.rewind.items()
                       if tp in self._assigned and tp not in excluded}
-            if settled.error.unanswered or settled.error.fatal or leaving:
+            if settled.error.unanswered or settled.error.fatal:
                 self._rewind(rewind, leaving=leaving)
-            else:
-                self._hold_refused(rewind, settled.culprits)
+                return
+            # A cooperative revoke leaves the others ours: they go on as after any refusal.
+            self._rewind({tp: offset for tp, offset in rewind.items() if tp in leaving},
+                         leaving=leaving)
+            kept = {tp: offset for tp, offset in rewind.items() if tp not in leaving}
+            if kept:
+                self._hold_refused(kept, settled.culprits)
 
     def _wait_for_head(self) -> None:
         """Too many batches unconfirmed: wait for the oldest (the broker is slower than us)."""
@@ -173,6 +181,7 @@ class Committer:
             self.settle()
 
     def settle_all(self, exclude: Iterable[PartitionKey] = (), *,
+                   leaving: Collection[PartitionKey] | None = None,
                    deadline: float | None = None) -> None:
         """Wait for every copy produced so far, commit what was acknowledged, and commit once
         more what was committed asynchronously since the last time (on revoke and close: the
@@ -187,8 +196,9 @@ class Committer:
             wait_s = self._timeout_s if deadline is None else _left(deadline)
             if self._serve(wait_s, flush=True) > 0:
                 self._pipeline.expire_all(self._timeout_s)
+            left = set(self._assigned) if leaving is None else set(leaving)
             while self._pipeline:
-                self.settle(exclude, leaving=True)
+                self.settle(exclude, leaving=left)
         skip = set(exclude)
         owed = {tp: offset for tp, offset in self._unsynced.items()
                 if tp in self._assigned and tp not in skip}
@@ -287,7 +297,8 @@ class Committer:
                             self.group, tp[0], tp[1], offset, pause_s)
         self.metrics.paused_partitions(len(self._holds))
 
-    def _rewind(self, first: Mapping[PartitionKey, int], *, leaving: bool = False) -> None:
+    def _rewind(self, first: Mapping[PartitionKey, int], *,
+                leaving: Collection[PartitionKey] = ()) -> None:
         """Seek back to the first records of failed batches. A partition being left (revoke,
         close) that cannot be sought (librdkafka's erroneous state, as after a broker restart)
         is left as it is: nothing past the rewind is committed, so its next owner starts there.
@@ -297,7 +308,7 @@ class Committer:
             try:
                 consumer.seek(TopicPartition(topic, partition, offset))
             except KafkaException as exc:
-                if not leaving:
+                if (topic, partition) not in leaving:
                     raise
                 log.warning("group %s: %s[%d] not rewound to %d while leaving it (%s); its "
                             "next owner starts from the committed offset", self.group, topic,

@@ -554,7 +554,8 @@ class RetryingConsumer:
         # Batches whose copies are still unconfirmed: wait for them and commit what was
         # acknowledged while the partitions are still ours (a lost partition is not ours any
         # more: nothing of it is committed, its next owner handles those records again).
-        self._require_committer().settle_all(exclude=tps if kind == "lost" else ())
+        self._require_committer().settle_all(exclude=tps if kind == "lost" else (),
+                                             leaving=tps)
         readers = self._require_consumer()
         self._holds.release(readers, tps)
         readers.revoked(partitions)

@@ -304,6 +304,27 @@ def test_revoke_commits_what_is_acknowledged_and_nothing_else() -> None:
     assert not runtime._require_committer().unconfirmed and runtime._assigned == set()
 
 
+def test_a_cooperative_revoke_treats_a_kept_partitions_refused_copy_as_any_refusal() -> None:
+    runtime, consumer, producer = _fake_runtime({b"0-1"}, holds=True)
+    producer.fail_values = {b"0-1"}  # the copy of A's record 1 is refused
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    runtime._on_revoke(consumer, [_Partition(*B)])  # type: ignore[list-item]
+    assert runtime._assigned == {A}
+    assert consumer.seeks == [("orders", 0, 0)] and consumer.paused == [A]  # held at record 0
+    assert consumer.commits == [] and consumer.synced == []
+
+
+def test_a_kept_partition_that_cannot_be_rewound_in_a_revoke_ends_the_run() -> None:
+    # Read on from where it stood, its next commit would pass the record whose copy failed.
+    runtime, consumer, producer = _fake_runtime({b"0-1"})
+    producer.fail_values = {b"0-1"}
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    consumer.seek_error = KafkaError(KafkaError._STATE, "Erroneous state")
+    with pytest.raises(KafkaException, match="Erroneous state"):
+        runtime._on_revoke(consumer, [_Partition(*B)])  # type: ignore[list-item]
+    assert consumer.commits == [] and consumer.synced == []
+
+
 def test_lost_partitions_commit_nothing_of_theirs() -> None:
     runtime, consumer, _ = _fake_runtime({b"0-1", b"1-1"})
     runtime._handle_batch(_batch(0, range(0, 5)) + _batch(1, range(0, 5)))
