@@ -47,9 +47,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from redrive import gate, kafka, retention
+from redrive import arguments, gate, kafka, retention
 from redrive import headers as h
-from redrive.arguments import check_function, check_instance, check_int, check_positive
 from redrive.backends import BoundBackend, RetryBackend, RetryTopics, Verdict
 from redrive.clock import now_ms
 from redrive.consumer.batch import Batch, Copy
@@ -121,17 +120,18 @@ class RetryingConsumer:
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.topics = check_names("topics", topics)
         self.group = check_name("group", group)
-        check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
-        check_function("handler", handler, "one Record")
-        check_int("batch_size", batch_size, 1, 1_000_000)
-        check_positive("poll_timeout_s", poll_timeout_s)
-        check_positive("timeout_s", timeout_s)
+        arguments.check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
+        arguments.check_function("handler", handler, "one Record")
+        arguments.check_int("batch_size", batch_size, 1, 1_000_000)
+        arguments.check_positive("poll_timeout_s", poll_timeout_s)
+        arguments.check_positive("timeout_s", timeout_s)
         if metrics_port is not None:
-            check_int("metrics_port", metrics_port, 0, 65535)
-        if retry_backend is not None:
-            check_instance("retry_backend", retry_backend, RetryBackend,
-                           "a RetryBackend (RetryTopics(), DelayQueue(...) or "
-                           "StoreBackend(...))")
+            arguments.check_int("metrics_port", metrics_port, 0, 65535)
+        arguments.check_optional("retry_backend", retry_backend, RetryBackend, "a RetryBackend "
+                                 "(RetryTopics(), DelayQueue(...) or StoreBackend(...))")
+        arguments.check_optional("metrics", metrics, Metrics, "a redrive.metrics.Metrics")
+        arguments.check_text("transactional_id", transactional_id)
+        arguments.check_instance("create_topics", create_topics, bool, "True or False")
         self.retry_backend = retry_backend if retry_backend is not None else RetryTopics()
         self._backend = self.retry_backend.bind(self.group)
         if transactional and not self._backend.transactions_supported:
@@ -143,8 +143,8 @@ class RetryingConsumer:
         self.metrics = metrics if metrics is not None else Metrics("consumer", self.group)
         self.health = BrokerHealth(f"group {self.group}", self.metrics, topic=self.topics[0])
         self._connection = self.health.watch(kafka.client_config(connection))
-        self._config = {**CONSUMER_OVERRIDES, **(config or {})}
-        self._producer_config = dict(producer_config or {})
+        self._config = {**CONSUMER_OVERRIDES, **arguments.check_settings("config", config)}
+        self._producer_config = arguments.check_settings("producer_config", producer_config)
         self._transactional_id = transactional_id or self._default_transactional_id()
         self._metrics_port = metrics_port
         self._create_topics = create_topics

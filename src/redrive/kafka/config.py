@@ -12,7 +12,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from redrive.errors import BrokerUnavailable
+from redrive.errors import BrokerUnavailable, InvalidArgument
 
 ClientConfig = dict[str, Any]
 Connection = str | Mapping[str, Any]
@@ -39,8 +39,11 @@ def client_config(connection: Connection,
     """A librdkafka config from a bootstrap address or a user config, with overrides on top."""
     if isinstance(connection, str):
         config: ClientConfig = {"bootstrap.servers": connection}
-    else:
+    elif isinstance(connection, Mapping):
         config = dict(connection)
+    else:
+        raise InvalidArgument("connection", connection, "must be a bootstrap address "
+                              "('host:9092') or a mapping of client settings")
     if not config.get("bootstrap.servers"):
         raise BrokerUnavailable(str(config.get("bootstrap.servers", "")),
                                 "bootstrap.servers is not set")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 
@@ -47,6 +48,15 @@ def test_batch_commits_the_next_offset_after_the_last_finished_record() -> None:
     ("batch_size", {"batch_size": 0}, 0),
     ("poll_timeout_s", {"poll_timeout_s": -1}, -1),
     ("metrics_port", {"metrics_port": 70000}, 70000),
+    ("timeout_s", {"timeout_s": math.inf}, math.inf),
+    ("connection", {"connection": ["localhost:9"]}, ["localhost:9"]),
+    ("connection", {"connection": None}, None),
+    ("config", {"config": [("linger.ms", 5)]}, [("linger.ms", 5)]),
+    ("producer_config", {"producer_config": "linger.ms=5"}, "linger.ms=5"),
+    ("metrics", {"metrics": "prometheus"}, "prometheus"),
+    ("transactional_id", {"transactional_id": ""}, ""),
+    ("transactional_id", {"transactional_id": 7}, 7),
+    ("create_topics", {"create_topics": "no"}, "no"),
 ])
 def test_bad_arguments_name_the_field_and_value(field: str, kwargs: dict[str, object],
                                                 value: object) -> None:
