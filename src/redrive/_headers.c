@@ -42,8 +42,14 @@ static int known_header(const char *rest, Py_ssize_t len)
 #undef IS
 }
 
-/* 1 to 19 ASCII digits as an int; NULL without an error set for anything else. */
-static PyObject *whole_number(PyObject *raw)
+/* The largest value of each integer header, as headers.py's _LIMITS gives them. */
+static const uint64_t LIMITS[INTEGERS] = {
+    [ATTEMPT] = INT32_MAX, [DUE] = 253402300799999ULL, [PARTITION] = INT32_MAX,
+    [OFFSET] = INT64_MAX, [TIMESTAMP] = 253402300799999ULL, [FIRST_FAILURE] = 253402300799999ULL,
+};
+
+/* 1 to 19 ASCII digits as an int up to `limit`; NULL without an error set for anything else. */
+static PyObject *whole_number(PyObject *raw, uint64_t limit)
 {
     Py_ssize_t len = PyBytes_GET_SIZE(raw);
     const char *digits = PyBytes_AS_STRING(raw);
@@ -55,6 +61,8 @@ static PyObject *whole_number(PyObject *raw)
             return NULL;
         value = value * 10 + (uint64_t)(digits[i] - '0'); /* 19 digits fit in 64 bits */
     }
+    if (value > limit)
+        return NULL;
     return PyLong_FromUnsignedLongLong(value);
 }
 
@@ -152,7 +160,7 @@ static PyObject *read_delivery(PyObject *module, PyObject *headers)
             value[i] = Py_NewRef(Py_None);
             continue;
         }
-        value[i] = i < INTEGERS ? whole_number(raw[i]) : text(raw[i]);
+        value[i] = i < INTEGERS ? whole_number(raw[i], LIMITS[i]) : text(raw[i]);
         if (value[i] == NULL)
             goto done; /* an error, or a value headers.py must judge */
         if (i >= INTEGERS && PyUnicode_GET_LENGTH(value[i]) == 0)

@@ -102,22 +102,33 @@ def _integer(headers: Sequence[tuple[str, bytes]], name: str) -> int | None:
 
 
 _MAX_DIGITS = 19  # Kafka's offsets and timestamps are 64-bit
+# The largest value each number may take, as Kafka and Spark hold it: an attempt and a partition
+# are 32-bit (Spark's int columns), an offset 64-bit, a time (epoch ms) at most the end of the
+# year 9999, the last a Python datetime holds (Spark's timestamps count µs in 64 bits). Larger,
+# a record would fail every Spark task that reads it, and with it the query at each restart.
+MAX_INT32 = 2**31 - 1
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+_LIMITS = {ATTEMPT: MAX_INT32, DUE: MAX_TIME_MS, ORIGINAL_PARTITION: MAX_INT32,
+           ORIGINAL_OFFSET: 2**63 - 1, ORIGINAL_TIMESTAMP: MAX_TIME_MS, FIRST_FAILURE: MAX_TIME_MS}
 
 
 def _whole_number(name: str, raw: bytes | None) -> int | None:
     if raw is None:
         return None
     if raw.isdigit() and len(raw) <= _MAX_DIGITS:  # ASCII digits: the form redrive writes
-        return int(raw)
-    stripped = (_utf8(name, raw) or "").strip()
-    if not stripped.isascii() or not stripped.lstrip("-").isdigit():
-        raise MalformedHeader(name, raw, "expected a decimal integer")
-    if len(stripped.lstrip("-")) > _MAX_DIGITS:
-        # Past a 64-bit integer; Python's int() would also refuse thousands of digits.
-        raise MalformedHeader(name, raw, f"more than {_MAX_DIGITS} digits")
-    value = int(stripped)
-    if value < 0:
-        raise MalformedHeader(name, raw, "must be >= 0")
+        value = int(raw)
+    else:
+        stripped = (_utf8(name, raw) or "").strip()
+        if not stripped.isascii() or not stripped.lstrip("-").isdigit():
+            raise MalformedHeader(name, raw, "expected a decimal integer")
+        if len(stripped.lstrip("-")) > _MAX_DIGITS:
+            # Python's int() would also refuse thousands of digits.
+            raise MalformedHeader(name, raw, f"more than {_MAX_DIGITS} digits")
+        value = int(stripped)
+        if value < 0:
+            raise MalformedHeader(name, raw, "must be >= 0")
+    if value > _LIMITS[name]:
+        raise MalformedHeader(name, raw, f"must be at most {_LIMITS[name]}")
     return value
 
 

@@ -13,7 +13,8 @@ foreign = st.lists(
     max_size=10)
 
 
-@given(foreign, st.integers(min_value=0, max_value=100), st.integers(min_value=1, max_value=2**62),
+@given(foreign, st.integers(min_value=0, max_value=100),
+       st.integers(min_value=1, max_value=h.MAX_TIME_MS),
        st.text(min_size=1, max_size=30).filter(lambda t: t.strip() != ""))
 def test_round_trip_keeps_other_headers_untouched(others: list[tuple[str, bytes]], attempt: int,
                                                   due: int, group: str) -> None:

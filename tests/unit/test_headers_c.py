@@ -78,6 +78,11 @@ def test_c_reads_the_headers_routing_writes() -> None:
 @pytest.mark.parametrize(("name", "raw"), [
     (h.ATTEMPT, b"two"), (h.DUE, b"-5"), (h.FIRST_FAILURE, b"1" * 20),
     (h.GROUP, b"\xff"), (h.TARGET, b""),
+    # Past what Kafka and Spark hold: a 32-bit attempt or partition, a 64-bit offset, a time
+    # past the year 9999.
+    (h.ATTEMPT, b"2147483648"), (h.ORIGINAL_PARTITION, b"2147483648"),
+    (h.ORIGINAL_OFFSET, b"9223372036854775808"), (h.DUE, b"253402300800000"),
+    (h.ORIGINAL_TIMESTAMP, b"9" * 19),
 ])
 def test_a_malformed_value_is_left_to_python_which_names_it(name: str, raw: bytes) -> None:
     headers = [(name, raw)]
@@ -85,6 +90,17 @@ def test_a_malformed_value_is_left_to_python_which_names_it(name: str, raw: byte
     with pytest.raises(MalformedHeader) as caught:
         h.read_delivery(headers)
     assert caught.value.header == name
+
+
+def test_the_largest_values_are_read_alike() -> None:
+    headers = [(h.ATTEMPT, b"2147483647"), (h.DUE, b"253402300799999"),
+               (h.ORIGINAL_TOPIC, b"t"), (h.ORIGINAL_PARTITION, b"2147483647"),
+               (h.ORIGINAL_OFFSET, b"9223372036854775807"), (h.FIRST_FAILURE, b"0")]
+    delivery = _headers.read_delivery(headers)
+    assert delivery == h.read_delivery_python(headers)
+    assert delivery is not None and delivery.original is not None
+    assert (delivery.attempt, delivery.due_ms, delivery.original.offset) == (
+        2**31 - 1, 253_402_300_799_999, 2**63 - 1)
 
 
 @pytest.mark.parametrize("headers", [

@@ -50,7 +50,10 @@ def iso(ms: int | None) -> str:
     """Epoch milliseconds as an ISO time in UTC, to the millisecond; empty for None."""
     if ms is None:
         return ""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, ValueError):  # a time a producer stamped past the years 1 to 9999
+        return f"{ms} ms"
 
 
 def preview(data: bytes | None, width: int = PREVIEW_CHARS) -> str:

@@ -18,6 +18,9 @@ from redrive.policy.duration import Duration, to_ms
 from redrive.topics import check_name
 
 Instant = datetime | int
+# 1973-03-03 as epoch ms: a smaller `at` is taken for epoch seconds (today's are about 1.8e9),
+# which read as milliseconds would deliver the record at once.
+SECONDS_LOOK_MS = 100_000_000_000
 
 
 @dataclass(frozen=True)
@@ -34,13 +37,20 @@ def due_ms_of(delay: Duration | None, at: Instant | None, now: int) -> int:
     if (delay is None) == (at is None):
         raise InvalidArgument("delay/at", {"delay": delay, "at": at}, "give exactly one of them")
     if delay is not None:
-        return now + to_ms(delay, "delay")
+        due = now + to_ms(delay, "delay")
+        if due > h.MAX_TIME_MS:
+            raise InvalidArgument("delay", delay, "ends past the year 9999")
+        return due
     if isinstance(at, datetime):
         if at.tzinfo is None:
             raise InvalidArgument("at", at, "needs a time zone (a naive datetime is ambiguous)")
         return round(at.timestamp() * 1000)
-    if isinstance(at, bool) or not isinstance(at, int) or at < 0:
-        raise InvalidArgument("at", at, "expected an aware datetime or epoch milliseconds >= 0")
+    if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= h.MAX_TIME_MS:
+        raise InvalidArgument("at", at, "expected an aware datetime or epoch milliseconds "
+                              "up to the year 9999")
+    if at < SECONDS_LOOK_MS:
+        raise InvalidArgument("at", at, "is before 1973 as epoch milliseconds: epoch seconds? "
+                              "give milliseconds (seconds * 1000) or an aware datetime")
     return at
 
 

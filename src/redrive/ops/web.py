@@ -23,6 +23,7 @@ from fastapi.templating import Jinja2Templates
 from redrive import kafka
 from redrive.clock import now_ms
 from redrive.errors import BrokerUnavailable, InvalidArgument, RedriveError, UnknownTopic
+from redrive.headers import MAX_TIME_MS
 from redrive.ops.console import (
     PAGE_SIZE,
     Console,
@@ -43,6 +44,8 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates"))
 def _ms_time(ms: int | None) -> str:
     if ms is None or ms < 0:
         return ""
+    if ms > MAX_TIME_MS:  # a producer may stamp a record past what a datetime holds
+        return f"{ms} ms"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

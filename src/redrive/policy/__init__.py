@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 DEFAULT_ATTEMPTS = 3
+MAX_DELAY_MS = 36_500 * 86_400_000  # 100 years: any due time stays within the headers' range
 
 
 class Disposition(enum.Enum):
@@ -181,6 +182,11 @@ class RetryPolicy:
             if self.backoff.nominal_ms(retry) < 0:
                 raise InvalidPolicy(f"backoff({retry})", self.backoff.nominal_ms(retry),
                                     "must not be negative")
+            if self.backoff.longest_ms(retry) > MAX_DELAY_MS:
+                raise InvalidPolicy(f"backoff({retry})", format_ms(self.backoff.longest_ms(retry)),
+                                    "must be at most 36500d (100 years): a due time past the "
+                                    "year 9999 cannot be written (cap an exponential backoff "
+                                    "with max=)")
 
     @property
     def max_attempts(self) -> int:

@@ -50,8 +50,33 @@ _STORY = pa.schema([
 SCHEMA = pa.schema([*_LOCATION, *_STORY])
 
 
+# What each numeric column holds. Other systems' headers are read leniently, so a number may lie
+# outside its column (a Spring header of the wrong width, a partition past 32 bits): such a value
+# becomes null and `problem` says why, rather than failing the whole read. Times go from the year
+# 1 to the end of 9999, as a Python datetime holds them.
+_MICROS = (-62_135_596_800_000_000, h.MAX_TIME_MS * 1000 + 999)
+_RANGES = {
+    "attempt": (-2**31, h.MAX_INT32), "original_partition": (-2**31, h.MAX_INT32),
+    "original_offset": (-2**63, 2**63 - 1), "original_timestamp": _MICROS,
+    "first_failure": _MICROS,
+}
+
+
 def _micros(ms: int | None) -> int | None:
     return None if ms is None else ms * 1000
+
+
+def _in_range(out: dict[str, Any]) -> dict[str, Any]:
+    problems = []
+    for name, (low, high) in _RANGES.items():
+        value = out.get(name)
+        if value is not None and not low <= value <= high:
+            out[name] = None
+            shown = f"{value // 1000} ms" if high == _MICROS[1] else value
+            problems.append(f"{name} {shown} is out of range")
+    if problems:
+        out["problem"] = "; ".join(problems)
+    return out
 
 
 def story(headers: list[tuple[str, bytes]]) -> dict[str, Any]:
@@ -75,7 +100,7 @@ def story(headers: list[tuple[str, bytes]]) -> dict[str, Any]:
         out.update(original_topic=origin.topic, original_partition=origin.partition,
                    original_offset=origin.offset,
                    original_timestamp=_micros(origin.timestamp_ms))
-    return out
+    return _in_range(out)
 
 
 @dataclass(frozen=True)

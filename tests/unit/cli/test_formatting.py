@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from redrive import headers as h
-from redrive.cli.formatting import age, detail, relative, summary_row, table
+from redrive.cli.formatting import age, detail, iso, relative, summary_row, table
 from redrive.ops.deadletters import DeadLetterRecord
+from redrive.ops.web import _ms_time
 from redrive.record import Record
 
 NOW = 1_800_000_000_000
@@ -58,3 +59,12 @@ def test_tables_align_columns_under_a_rule_and_show_none_as_empty() -> None:
     assert lines[2].split() == ["a", "1"]
     assert lines[3].split() == ["bbbb", "22", "x"]
     assert lines[2].index("1") == lines[3].index("22") == lines[0].index("n")
+
+
+def test_times_past_what_a_datetime_holds_are_shown_as_milliseconds() -> None:
+    # A producer may stamp a record with any 64-bit time; `dlt show` must still show the record.
+    assert iso(1_700_000_000_000) == "2023-11-14T22:13:20.000+00:00"
+    assert iso(2**63 - 1) == "9223372036854775807 ms"
+    assert iso(-(2**63)) == "-9223372036854775808 ms"
+    assert _ms_time(2**63 - 1) == "9223372036854775807 ms"
+    assert _ms_time(1_700_000_000_000) == "2023-11-14 22:13:20 UTC"

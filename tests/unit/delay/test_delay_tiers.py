@@ -133,7 +133,13 @@ def test_due_time_from_delay_or_at() -> None:
     assert due_ms_of(timedelta(seconds=2), None, 1_000) == 3_000
     at = datetime(2030, 1, 1, tzinfo=UTC)
     assert due_ms_of(None, at, 0) == int(at.timestamp() * 1000)
-    assert due_ms_of(None, 42, 1_000) == 42
+    assert due_ms_of(None, 1_795_882_307_000, 1_000) == 1_795_882_307_000
+    with pytest.raises(InvalidArgument, match=r"invalid at=1795882307: .*epoch seconds\?"):
+        due_ms_of(None, 1_795_882_307, 1_000)  # seconds would be January 1970 in ms: due at once
+    with pytest.raises(InvalidArgument, match=r"invalid at=253402300800000: .*year 9999"):
+        due_ms_of(None, 253_402_300_800_000, 0)
+    with pytest.raises(InvalidArgument, match="invalid delay='3000000d': ends past the year 9999"):
+        due_ms_of("3000000d", None, 1_795_882_307_000)
     with pytest.raises(InvalidArgument, match="exactly one"):
         due_ms_of("1s", 5, 0)
     with pytest.raises(InvalidArgument, match="exactly one"):

@@ -32,6 +32,17 @@ HEADER_CASES: list[list[tuple[str, bytes]]] = [
     [(h.DUE, b"12345678901234567890123")],
     [(h.FIRST_FAILURE, b"1.5")],
     [("other", b"x"), (h.ATTEMPT, b"2")],
+    # Within 19 digits, yet past what its column holds: each failed the whole task before.
+    [(h.ATTEMPT, b"2147483648")],
+    [(h.ORIGINAL_TOPIC, b"t"), (h.ORIGINAL_PARTITION, b"99999999999"), (h.ORIGINAL_OFFSET, b"0")],
+    [(h.ORIGINAL_TOPIC, b"t"), (h.ORIGINAL_PARTITION, b"0"),
+     (h.ORIGINAL_OFFSET, b"9223372036854775808")],
+    [(h.DUE, b"9999999999999999")],
+    [(h.FIRST_FAILURE, b"9999999999999999999")],
+    # The largest values each holds.
+    [(h.ATTEMPT, b"2147483647"), (h.DUE, b"253402300799999"), (h.ORIGINAL_TOPIC, b"t"),
+     (h.ORIGINAL_PARTITION, b"2147483647"), (h.ORIGINAL_OFFSET, b"9223372036854775807"),
+     (h.ORIGINAL_TIMESTAMP, b"253402300799999")],
 ]
 
 
@@ -71,7 +82,10 @@ def test_each_row_decodes_as_read_delivery_reads_its_headers() -> None:
     for pairs, got in zip(HEADER_CASES, rows, strict=True):
         assert got == expected(pairs), pairs
     malformed = [row["malformed"] for row in rows]
-    assert sum(m is not None for m in malformed) == 9
+    assert sum(m is not None for m in malformed) == 14
+    assert malformed[16] == ("malformed header redrive-original-partition=b'99999999999': must "
+                             "be at most 2147483647")
+    assert rows[-1]["due"] == 253_402_300_799_999_000 and rows[-1]["malformed"] is None
     assert malformed[3] == "malformed header redrive-attempt=b'x': expected a decimal integer"
     assert rows[4]["attempt"] == 3  # the last value wins
     assert rows[2]["due"] == 1_700_000_000_000_000 and rows[2]["original_partition"] == 1
