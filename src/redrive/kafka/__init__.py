@@ -36,7 +36,7 @@ from redrive.kafka.config import (
     producer,
     producer_config,
 )
-from redrive.kafka.produce import produce, produce_acked, produce_confirmed
+from redrive.kafka.produce import produce, produce_acked, produce_confirmed, produce_each
 from redrive.kafka.records import Delivered, OutRecord, PartitionKey, message_headers
 
 __all__ = [
@@ -44,5 +44,6 @@ __all__ = [
     "OutRecord", "PartitionKey", "admin", "admin_beside", "check_reachable", "client_config",
     "consumer", "consumer_config", "create_topics", "delete_topics", "group_members", "keeping",
     "message_headers", "partition_count", "produce", "produce_acked", "produce_confirmed",
-    "producer", "producer_config", "record_limits", "topic_partitions", "watermarks",
+    "produce_each", "producer", "producer_config", "record_limits", "topic_partitions",
+    "watermarks",
 ]

@@ -8,7 +8,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from redrive.errors import DeliveryFailed, RecordTooLarge
+from redrive.errors import DeliveryFailed, RecordTooLarge, RedriveError
 from redrive.kafka.causes import causes, drop_stack, kafka_error
 from redrive.kafka.health import UNREACHED_CODES
 from redrive.kafka.records import Delivered, OutRecord, record_size
@@ -111,6 +111,42 @@ def produce_acked(producer_: Producer, records: Iterable[OutRecord],
                              f"{sent - acked} record(s) unconfirmed after {timeout_s}s",
                              unanswered=True)
     return acked
+
+
+def produce_each(producer_: Producer, records: Sequence[OutRecord], timeout_s: float = 30.0, *,
+                 shrink: Shrink | None = None) -> list[RedriveError | None]:
+    """Produce records and wait for every acknowledgement, with each record's own outcome: None
+    where the broker took it, else why not (a DeliveryFailed the broker refused it with, a
+    RecordTooLarge too large to send even cut). For a caller that settles each record apart, so
+    that one record refused again and again does not fail the others with it. Raises
+    DeliveryFailed, as produce_acked does, where the broker did not answer or the producer
+    failed for good: nothing is known of the others then."""
+    outcomes: list[RedriveError | None] = [None] * len(records)
+    waiting = len(records)
+
+    def callback_for(index: int, topic: str) -> Any:
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            nonlocal waiting
+            waiting -= 1
+            if err is not None:
+                outcomes[index] = delivery_failed(topic, msg.partition(), err)
+        return on_delivery
+
+    for index, record in enumerate(records):
+        try:
+            produce(producer_, record, callback_for(index, record.topic), shrink=shrink)
+        except RecordTooLarge as exc:
+            outcomes[index] = exc
+            waiting -= 1
+    first_topic = records[0].topic if records else "<none>"
+    remaining = _flush(producer_, timeout_s, first_topic)
+    for outcome in outcomes:
+        if isinstance(outcome, DeliveryFailed) and (outcome.unanswered or outcome.fatal):
+            raise outcome
+    if remaining > 0 or waiting > 0:
+        raise DeliveryFailed(first_topic, None, f"{waiting} record(s) unconfirmed after "
+                             f"{timeout_s}s", unanswered=True)
+    return outcomes
 
 
 def _flush(producer_: Producer, timeout_s: float, topic: str) -> int:

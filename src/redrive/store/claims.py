@@ -29,6 +29,7 @@ class DueBatch:
     dispatched: list[int] = field(default_factory=list)
     dispatched_ms: int = 0
     dead: list[tuple[list[StoredRetry], str, str, int]] = field(default_factory=list)
+    held: list[tuple[int, int]] = field(default_factory=list)  # (id, due again at, epoch ms)
     deferred: bool = False
 
     def defer(self) -> None:
@@ -45,9 +46,14 @@ class DueBatch:
         if rows:
             self.dead.append((list(rows), reason, why, at_ms))
 
+    def mark_held(self, retry_id: int, due_ms: int) -> None:
+        """Pending again, due at `due_ms`: its copy was refused, and would be at once again."""
+        self.held.append((retry_id, due_ms))
+
     @property
     def unsettled(self) -> list[int]:
         settled = set(self.dispatched).union(r.id for rows, *_ in self.dead for r in rows)
+        settled.update(retry_id for retry_id, _ in self.held)
         return [row.id for row in self.rows if row.id not in settled]
 
 
@@ -95,6 +101,10 @@ def settle(conn: Connection, batch: DueBatch) -> None:
                 status=DEAD, reason=reason, error_type="redrive.store." + reason,
                 error_message=why, updated_ms=at))
         release_keys(conn, [(r.group, r.topic, r.key) for r in rows], at)
+    for retry_id, due_ms in batch.held:
+        conn.execute(update(retries).where(
+            c.id == retry_id, c.status == IN_FLIGHT, c.dispatched_ms.is_(None)).values(
+                status=PENDING, due_ms=due_ms))
     if batch.unsettled:
         # Back to pending, unless a copy of theirs was handled meanwhile.
         conn.execute(update(retries).where(

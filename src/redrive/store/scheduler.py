@@ -35,9 +35,11 @@ from confluent_kafka import Consumer, KafkaException, Producer
 
 from redrive import headers as h
 from redrive import kafka
+from redrive.arguments import check_positive
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
 from redrive.kafka.health import BrokerHealth
+from redrive.kafka.holds import Refusals
 from redrive.kafka.produce import discard_producer, producer_failed
 from redrive.kafka.ranges import PartitionRange, RangeReader, range_consumer
 from redrive.metrics import Metrics
@@ -107,6 +109,7 @@ class Scheduler:
             raise InvalidArgument("idle_s", idle_s, "must be > 0")
         if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not lease_s > 0:
             raise InvalidArgument("lease_s", lease_s, "must be a number of seconds > 0")
+        check_positive("timeout_s", timeout_s)
         self.store = store
         self.batch_size = batch_size
         self.idle_s = float(idle_s)
@@ -127,6 +130,7 @@ class Scheduler:
         self._admin: kafka.Admin | None = None
         self._partitions: dict[str, int] = {}
         self._unsettled: DueBatch | None = None  # a whole pass's marks, left to the next claim
+        self._refusals: dict[int, float] = {}  # a row's last pause after its copy was refused
         self._stopping = threading.Event()
 
     # --- one pass ------------------------------------------------------------------------------
@@ -209,8 +213,8 @@ class Scheduler:
             self.metrics.dead_lettered(row.topic, reason)
         if out:
             try:
-                kafka.produce_acked(self._require_producer(), [o for _, o in out],
-                                    self.timeout_s, shrink=slimmed)
+                outcomes = kafka.produce_each(self._require_producer(), [o for _, o in out],
+                                              self.timeout_s, shrink=slimmed)
             except (KafkaException, RedriveError) as exc:
                 # What the producer still holds is this pass's rows, pending again when the
                 # pass fails: sent later, they would only be duplicates of the next pass's.
@@ -221,12 +225,33 @@ class Scheduler:
                 raise
             self.health.ok()
             at = now_ms()
+            for (row, _), refused in zip(out, outcomes, strict=True):
+                if refused is not None:
+                    self._hold_refused(batch, row, refused, at)
+            if self._refusals:
+                out = [pair for pair, refused in zip(out, outcomes, strict=True)
+                       if refused is None]
+                for row, _ in out:
+                    self._refusals.pop(row.id, None)
             batch.mark_in_flight((row.id for row, _ in out), at)
         lateness = [at - row.due_ms for row, _ in out]
         for (_, record), late in zip(out, lateness, strict=True):
             self.metrics.forwarded(record.topic)
             self.metrics.late_by(late / 1000.0)
         return len(out), len(gone), lateness
+
+    def _hold_refused(self, batch: DueBatch, row: StoredRetry, why: RedriveError,
+                      at: int) -> None:
+        """A copy the broker refused (larger than its topic takes, a topic the scheduler may not
+        write) would be refused again at once: its row waits 1 s, doubling to a minute while
+        the refusals go on, and the other rows go on meanwhile (failing the pass would take
+        this row first again, and block every group)."""
+        pause_s = min(Refusals.LONGEST_S,
+                      self._refusals.get(row.id, Refusals.FIRST_S / 2) * 2)
+        self._refusals[row.id] = pause_s
+        batch.mark_held(row.id, at + round(pause_s * 1000))
+        log.warning("stored retry %d of group %s on %s: %s; its copy is tried again in %g s",
+                    row.id, row.group, row.topic, why, pause_s)
 
     def _record(self, row: StoredRetry) -> kafka.OutRecord | None:
         if row.mode == PAYLOAD:

@@ -205,7 +205,7 @@ class RetryStore:
 
     def settle(self, batch: DueBatch) -> None:
         """Write what the claimer of `batch` marked, and hand back the rows it did not."""
-        if batch.dispatched or batch.dead or batch.unsettled:
+        if batch.dispatched or batch.dead or batch.held or batch.unsettled:
             with self._begin() as conn:
                 claims.settle(conn, batch)
 

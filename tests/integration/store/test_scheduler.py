@@ -201,7 +201,7 @@ def test_rows_claimed_by_a_scheduler_killed_before_publishing_come_back_after_th
         raise Crash("killed before producing")
 
     with monkeypatch.context() as patch:
-        patch.setattr(kafka, "produce_acked", killed)
+        patch.setattr(kafka, "produce_each", killed)
         patch.setattr(RetryStore, "_release_claims", lambda self, ids: None)  # no cleanup either
         with pytest.raises(Crash):
             scheduler(store, bootstrap).run_once()
@@ -231,7 +231,7 @@ def test_a_pass_that_fails_hands_its_claims_back_at_once(
         raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT))
 
     with monkeypatch.context() as patch:
-        patch.setattr(kafka, "produce_acked", unreachable)
+        patch.setattr(kafka, "produce_each", unreachable)
         with pytest.raises(KafkaException):
             scheduler(store, bootstrap).run_once()
     assert store.counts() == {PENDING: 3}
@@ -415,3 +415,33 @@ def test_a_row_whose_destination_is_gone_dies_without_blocking_the_others(
     assert runner.metrics.value("redrive_dead_lettered_total", topic=missing,
                                 reason="unknown-topic") == 1
     runner.close()
+
+
+def test_a_refused_copy_waits_with_growing_pauses_and_the_other_rows_go_on(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    # The original fitted its topic; its copy, with redrive's headers, is larger than it takes.
+    small = new_topic(config={"max.message.bytes": "20000"})
+    topic, group = new_topic(), unique_name("refused")
+    due = now_ms() - 1_000
+    big = entry(group, small, 0, value=b"x" * 19_800, due_ms=due)
+    store.write([big, *(entry(group, topic, o, due_ms=due) for o in range(1, 4))], [])
+    runner = scheduler(store, bootstrap)
+    try:
+        first = runner.run_once()
+        assert first.published == 3
+        rows = {r.topic: r for r in store.find(RowFilter(group=group, topic=small))}
+        held = rows[small]
+        assert held.status == PENDING and held.dispatches == 0
+        assert now_ms() < held.due_ms <= now_ms() + 1_000  # tried again after a second
+        assert runner.run_once().published == 0  # not due again yet: nothing is sent twice
+        time.sleep(1.1)
+        assert runner.run_once().published == 0  # refused again: two seconds now
+        again = store.find(RowFilter(group=group, topic=small))[0]
+        assert again.status == PENDING and 1_000 < again.due_ms - now_ms() <= 2_000
+    finally:
+        runner.close()
+    others = store.find(RowFilter(group=group, topic=topic))
+    assert {(r.status, r.dispatches) for r in others} == {(IN_FLIGHT, 1)}
+    copies = read_all(bootstrap, topic, expect=3, timeout_s=30)
+    assert sorted(int(c.header(h.ORIGINAL_OFFSET) or -1) for c in copies) == [1, 2, 3]
+    assert topic_size(bootstrap, small) == 0
