@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from redrive import headers as h
 from redrive import kafka
 from redrive.clock import now_ms
 from redrive.delay import DelayService
@@ -72,3 +73,58 @@ def test_an_aborted_forward_is_held_only_when_a_copy_was_refused(
         assert 0.9 <= service._holds.wait_s(now_ms(), 100.0) <= 1.0
     assert service.health.down is outage
     assert service.metrics.total("redrive_forwarded_total") == 0
+
+
+class Fetched:
+    """A record fetched from a tier before the brokers went away, for a target not seen yet."""
+
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return TIER[0]
+
+    def partition(self) -> int:
+        return TIER[1]
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, now_ms() - 5_000)
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(h.DUE, b"%d" % (now_ms() - 1_000)), (h.TARGET, b"orders")]
+
+
+class BrokersAway(FakeConsumer):
+    def poll(self, timeout: float) -> Fetched:
+        return Fetched(7)
+
+    def consume(self, count: int, timeout: float) -> list[Fetched]:
+        return [Fetched(8)]
+
+    def list_topics(self, timeout: float) -> None:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata"))
+
+
+def test_a_target_that_cannot_be_checked_in_an_outage_is_read_again_not_fatal() -> None:
+    service = DelayService("127.0.0.1:9")
+    consumer = BrokersAway()
+    service._consumer = consumer  # type: ignore[assignment]
+    service._producer = None
+    service._tiers = {TIER: DEFAULT_TIERS.tiers[0]}
+    service._step()  # raised KafkaException out of run() before
+    assert consumer.seeks == [(*TIER, 7)]
+    assert service.health.down
+    assert service.metrics.total("redrive_forwarded_total") == 0
+    assert service.metrics.total("redrive_dead_lettered_total") == 0
