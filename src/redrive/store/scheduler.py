@@ -178,6 +178,9 @@ class Scheduler:
     def reclaim(self) -> int:
         """Make pending again the rows whose lease ran out (see the module's doc); return how
         many."""
+        # This scheduler's own deferred marks first: its rows, published, would otherwise pass
+        # for a dead scheduler's claims once the claim time ran out (a database away that long).
+        self._settle()
         reclaimed = self.store.reclaim_expired(round(self.lease_s * 1000),
                                                round(self.claim_s * 1000))
         if reclaimed:

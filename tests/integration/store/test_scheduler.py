@@ -287,6 +287,26 @@ def test_a_whole_batch_is_marked_dispatched_with_the_next_claim(
     assert sorted(int(c.header(h.ORIGINAL_OFFSET) or -1) for c in copies) == list(range(7))
 
 
+def test_a_schedulers_own_unmarked_batch_is_not_taken_for_a_dead_schedulers_claim(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    # Its marks wait for the next claim; a database away for longer than the claim time made
+    # the reclaim before that claim hand the published rows back, and the next pass publish
+    # them again.
+    topic, group = new_topic(), unique_name("own-claim")
+    store.write([entry(group, topic, o, due_ms=now_ms() - 1) for o in range(2)], [])
+    runner = scheduler(store, bootstrap, batch_size=2)
+    runner.claim_s = 1.0  # the database away for longer than this, below
+    try:
+        assert runner.run_once().published == 2
+        time.sleep(1.05)
+        assert runner.reclaim() == 0
+        assert {(r.status, r.dispatches) for r in store.find()} == {(IN_FLIGHT, 1)}
+        assert runner.run_once().published == 0
+    finally:
+        runner.close()
+    assert topic_size(bootstrap, topic) == 2
+
+
 def test_a_reference_gone_by_retention_dies_as_expired_and_is_notified(
         store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
     topic, group = new_topic(), unique_name("expired")
