@@ -123,16 +123,41 @@ def reclaim_expired(conn: Connection, lease_ms: int, claim_ms: int, at: int) -> 
     return int(result.rowcount)
 
 
-def take_unnotified(conn: Connection, limit: int) -> Unnotified:
-    return Unnotified([StoredRetry.of(r) for r in conn.execute(
-        select(retries).where(retries.c.status == DEAD, retries.c.notified_ms.is_(None))
-        .order_by(retries.c.id).limit(limit).with_for_update(skip_locked=True))])
+# A dead row's notified_ms: None until notified, then when it was; claimed by a scheduler that
+# is notifying it, minus the time of the claim.
+
+
+def take_unnotified(conn: Connection, limit: int, at: int) -> Unnotified:
+    """Claim up to `limit` dead rows not notified yet (skipping other schedulers' claims)."""
+    c = retries.c
+    due = (select(c.id).where(c.status == DEAD, c.notified_ms.is_(None)).order_by(c.id)
+           .limit(limit).with_for_update(skip_locked=True).scalar_subquery())
+    taken = conn.execute(update(retries).where(c.id.in_(due)).values(notified_ms=-at)
+                         .returning(*c)).all()
+    return Unnotified(sorted((StoredRetry.of(r) for r in taken), key=lambda row: row.id))
 
 
 def mark_notified(conn: Connection, batch: Unnotified, at: int) -> None:
+    """The notified rows marked, the others of the claim handed back."""
+    c, dialect = retries.c, conn.dialect.name
     if batch.done:
-        conn.execute(update(retries).where(one_of(retries.c.id, batch.done, conn.dialect.name))
+        conn.execute(update(retries).where(one_of(c.id, batch.done, dialect), c.notified_ms < 0)
                      .values(notified_ms=at))
+    done = set(batch.done)
+    left = [row.id for row in batch.rows if row.id not in done]
+    if left:
+        conn.execute(update(retries).where(one_of(c.id, left, dialect), c.notified_ms < 0)
+                     .values(notified_ms=None))
+
+
+def release_notification_claims(conn: Connection, claim_ms: int, at: int) -> int:
+    """Dead rows claimed for notification at least `claim_ms` ago (their scheduler died while
+    notifying), to be notified again."""
+    c = retries.c
+    result = conn.execute(update(retries).where(
+        c.status == DEAD, c.notified_ms < 0, c.notified_ms >= claim_ms - at)
+        .values(notified_ms=None))
+    return int(result.rowcount)
 
 
 def release_orphans(conn: Connection, at: int) -> int:

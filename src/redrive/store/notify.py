@@ -1,9 +1,11 @@
 """Dead-record notifications: a callable hook, or a webhook that receives each dead record as JSON.
 
-The scheduler delivers them: it takes dead rows not yet notified (several schedulers skip each
-other's), calls every hook, and marks the row notified in the same transaction. A hook that
-raises leaves the rest of the batch for a later pass, after `retry_after_s`; a crash between a
-hook and the commit repeats that one notification, so receivers should key on `id`.
+The scheduler delivers them: it claims dead rows not yet notified (several schedulers skip each
+other's), calls every hook with no database lock held (a slow webhook would otherwise keep the
+runtimes' writes waiting, on SQLite past their busy timeout), then marks the rows notified. A hook
+that raises leaves the rest of the batch for a later pass, after `retry_after_s`; a scheduler
+that dies while notifying leaves its claim, which a scheduler hands back after the claim time, so
+those notifications are repeated: receivers should key on `id`.
 """
 
 from __future__ import annotations

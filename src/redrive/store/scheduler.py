@@ -181,6 +181,7 @@ class Scheduler:
         # This scheduler's own deferred marks first: its rows, published, would otherwise pass
         # for a dead scheduler's claims once the claim time ran out (a database away that long).
         self._settle()
+        self.store.release_notification_claims(round(self.claim_s * 1000))
         reclaimed = self.store.reclaim_expired(round(self.lease_s * 1000),
                                                round(self.claim_s * 1000))
         if reclaimed:

@@ -157,9 +157,17 @@ def _v2_ordered(conn: Connection) -> None:
                       "DEFAULT FALSE"))
 
 
+def _v3_notifying(conn: Connection) -> None:
+    # Claims of notifications (a negative notified_ms) are few and short: the sweep for those a
+    # dead scheduler left reads this index, not the table.
+    conn.execute(text("CREATE INDEX redrive_retries_notifying ON redrive_retries (notified_ms) "
+                      "WHERE notified_ms < 0"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "retries table with due, key, notification and filter indexes", _v1_retries),
     Migration(2, "whether a row's group keeps its key in order", _v2_ordered),
+    Migration(3, "dead rows claimed for notification", _v3_notifying),
 )
 LATEST = MIGRATIONS[-1].version
 

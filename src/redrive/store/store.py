@@ -216,12 +216,26 @@ class RetryStore:
 
     @contextmanager
     def take_unnotified(self, limit: int) -> Iterator[Unnotified]:
-        """Dead rows whose notification has not fired, locked until the block ends; those
-        passed to `notified()` are marked when it ends."""
+        """Dead rows whose notification has not fired, claimed for the caller (other
+        schedulers skip them) in a transaction of its own, so that no lock is held while the
+        caller's hooks run; when the block ends, those passed to `notified()` are marked and
+        the others handed back. Should the caller die first, `release_notification_claims`
+        hands them back."""
         with self._begin() as conn:
-            batch = claims.take_unnotified(conn, limit)
+            batch = claims.take_unnotified(conn, limit, now_ms())
+        try:
             yield batch
-            claims.mark_notified(conn, batch, now_ms())
+        finally:
+            if batch.rows:
+                with self._begin() as conn:
+                    claims.mark_notified(conn, batch, now_ms())
+
+    def release_notification_claims(self, claim_ms: int, at_ms: int | None = None) -> int:
+        """Dead rows claimed for notification at least `claim_ms` ago by a scheduler that died
+        meanwhile, to be notified again; return how many."""
+        with self._begin() as conn:
+            return claims.release_notification_claims(
+                conn, claim_ms, now_ms() if at_ms is None else at_ms)
 
     def reclaim_expired(self, lease_ms: int, claim_ms: int | None = None,
                         at_ms: int | None = None) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from sqlalchemy import select
 
 from redrive import headers as h
 from redrive import kafka
@@ -25,7 +26,7 @@ from redrive.record import Record
 from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry, StoreUnavailable, claims
 from redrive.store.claims import DueBatch
 from redrive.store.rows import RowFilter
-from redrive.store.schema import DEAD, IN_FLIGHT, PENDING, REFERENCE, SUCCEEDED
+from redrive.store.schema import DEAD, IN_FLIGHT, PENDING, REFERENCE, SUCCEEDED, retries
 from redrive.topics import plan
 
 from ..consumer.conftest import FAST_GROUP, produce, read_all, topic_size, wait_until
@@ -389,6 +390,43 @@ def test_every_dead_record_is_notified_once_by_hook_and_webhook(
     assert again.run_once().notified == 1
     with pytest.raises(InvalidArgument, match="invalid webhook='ftp://x'"):
         Scheduler(store, bootstrap, webhook="ftp://x")
+
+
+def test_hooks_run_with_no_lock_held_and_a_dead_notifiers_claim_comes_back(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    topic, group = new_topic(), unique_name("notify-lock")
+    store.write([entry(group, topic, o, status=DEAD, reason="exhausted") for o in range(2)], [])
+    waited: list[float] = []
+
+    def hook(row: StoredRetry) -> None:
+        # A runtime's batch written while the hook runs (a slow webhook, say): on SQLite the
+        # notifying transaction held the one write lock, and the write failed after its
+        # busy timeout.
+        started = time.monotonic()
+        store.write([entry(group, topic, 100 + row.offset)], [])
+        waited.append(time.monotonic() - started)
+
+    runner = scheduler(store, bootstrap, on_dead=[hook])
+    runner.claim_s = 1.0
+    try:
+        assert runner.run_once().notified == 2
+        assert len(waited) == 2 and max(waited) < 2.0
+        # A scheduler that died while notifying leaves its claim, handed back after the claim.
+        store.write([entry(group, topic, 7, status=DEAD, reason="exhausted")], [])
+        with store.engine.begin() as conn:
+            claimed = claims.take_unnotified(conn, 10, now_ms())
+        assert [row.offset for row in claimed.rows] == [7]
+        assert runner.run_once().notified == 0
+        time.sleep(1.05)
+        runner.reclaim()
+        assert runner.run_once().notified == 1
+        assert runner.run_once().notified == 0
+    finally:
+        runner.close()
+    with store.engine.connect() as conn:
+        marks = dict(conn.execute(select(retries.c.offset, retries.c.notified_ms).where(
+            retries.c.group_id == group, retries.c.status == DEAD)).all())
+    assert set(marks) == {0, 1, 7} and all(mark > 0 for mark in marks.values())
 
 
 def test_the_oldest_overdue_retry_is_reported(store: RetryStore, bootstrap: str,
