@@ -238,8 +238,11 @@ class Committer:
                 log.warning("group %s: commit of %s failed: %s", self.group, offsets, exc)
 
     def committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """The outcome of a commit (the member's on_commit callback)."""
+        """The outcome of an asynchronous commit (the member's on_commit callback)."""
         self._in_flight = max(self._in_flight - 1, 0)
+        self._outcome(error, partitions)
+
+    def _outcome(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if error is not None:
             if not self._health.failed(KafkaException(error)):
                 log.warning("group %s: a commit failed: %s", self.group, error.str())
@@ -257,7 +260,7 @@ class Committer:
             if not self._health.failed(exc):
                 log.warning("group %s: commit of %s failed: %s", self.group, offsets, exc)
             return
-        self.committed(None, results)
+        self._outcome(None, results)  # not one of those in flight: close still waits for them
 
     def _commit_transaction(self, batch: Batch, offsets: Mapping[PartitionKey, int]) -> bool:
         """The batch's copies and offsets in one transaction; False if it was aborted and its

@@ -325,6 +325,20 @@ def test_a_kept_partition_that_cannot_be_rewound_in_a_revoke_ends_the_run() -> N
     assert consumer.commits == [] and consumer.synced == []
 
 
+def test_a_synchronous_commit_does_not_count_as_an_answered_asynchronous_one() -> None:
+    # close() waits for the asynchronous commits still in flight; a revoke's synchronous commit
+    # counted as one of them, and a close after it stopped waiting for an unanswered one.
+    runtime, consumer, producer = _fake_runtime({b"0-1"})
+    runtime._handle_batch(_batch(0, range(0, 5)))
+    producer.deliver()
+    committer = runtime._require_committer()
+    committer.settle()
+    assert consumer.commits == [{A: 5}] and committer._in_flight == 1
+    runtime._on_revoke(consumer, [_Partition(*B)])  # type: ignore[list-item]
+    assert consumer.synced == [{A: 5}]
+    assert committer._in_flight == 1  # still unanswered
+
+
 def test_lost_partitions_commit_nothing_of_theirs() -> None:
     runtime, consumer, _ = _fake_runtime({b"0-1", b"1-1"})
     runtime._handle_batch(_batch(0, range(0, 5)) + _batch(1, range(0, 5)))
