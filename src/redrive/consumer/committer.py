@@ -21,6 +21,7 @@ held instead (`redrive.kafka.holds.Refusals`), the other rewound partitions read
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -61,7 +62,7 @@ class Committer:
                  producer: Producer | None = None,
                  make_producer: Callable[[], Producer] | None = None,
                  transactions: TransactionalProducer | None = None,
-                 holds: Holds | None = None) -> None:
+                 holds: Holds | None = None, stopping: threading.Event | None = None) -> None:
         self.group = group
         self._consumer = consumer
         self._backend = backend
@@ -79,6 +80,7 @@ class Committer:
         self._in_flight = 0
         self._holds = holds
         self._refusals = Refusals()
+        self._stopping = stopping or threading.Event()
 
     @property
     def unconfirmed(self) -> bool:
@@ -173,8 +175,10 @@ class Committer:
                 self._hold_refused(kept, settled.culprits)
 
     def _wait_for_head(self) -> None:
-        """Too many batches unconfirmed: wait for the oldest (the broker is slower than us)."""
-        while len(self._pipeline) > MAX_UNCONFIRMED_BATCHES:
+        """Too many batches unconfirmed: wait for the oldest (the broker is slower than us), or
+        until a stop, whose close waits for them as long as it may (an outage would otherwise
+        keep a SIGTERM waiting for timeout_s, then the close's own wait)."""
+        while len(self._pipeline) > MAX_UNCONFIRMED_BATCHES and not self._stopping.is_set():
             head = self._pipeline.head
             if head is not None and head.waiting > 0 and head.error is None:
                 self._serve(0.005)

@@ -225,7 +225,8 @@ class RetryingConsumer:
         self._committer = Committer(self.group, self._consumer, self._backend, self.metrics,
                                     self._assigned, self._timeout_s, self.health,
                                     producer=producer, make_producer=self._new_producer,
-                                    transactions=transactions, holds=self._holds)
+                                    transactions=transactions, holds=self._holds,
+                                    stopping=self._stopping)
         self._consumer.member.subscribe(self.subscribed, on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         # A series from the start, at 0: not only once a partition was first held.
@@ -554,8 +555,7 @@ class RetryingConsumer:
         # Batches whose copies are still unconfirmed: wait for them and commit what was
         # acknowledged while the partitions are still ours (a lost partition is not ours any
         # more: nothing of it is committed, its next owner handles those records again).
-        self._require_committer().settle_all(exclude=tps if kind == "lost" else (),
-                                             leaving=tps)
+        self._require_committer().settle_all(exclude=tps if kind == "lost" else (), leaving=tps)
         readers = self._require_consumer()
         self._holds.release(readers, tps)
         readers.revoked(partitions)

@@ -196,7 +196,8 @@ def _fake_runtime(fails: set[bytes], *, holds: bool = False,
     runtime._committer = Committer("g", readers, runtime._backend,
                                    runtime.metrics, runtime._assigned, 30.0, runtime.health,
                                    producer=producer,  # type: ignore[arg-type]
-                                   holds=runtime._holds if holds else None)
+                                   holds=runtime._holds if holds else None,
+                                   stopping=runtime._stopping)
     runtime._partitions = {"orders.g.retry.1s": 2, "orders.g.dlt": 2}
     runtime._assigned.update([A, B])
     consumer.on_commit = runtime._committer.committed
@@ -337,6 +338,18 @@ def test_a_synchronous_commit_does_not_count_as_an_answered_asynchronous_one() -
     runtime._on_revoke(consumer, [_Partition(*B)])  # type: ignore[list-item]
     assert consumer.synced == [{A: 5}]
     assert committer._in_flight == 1  # still unanswered
+
+
+def test_a_stop_ends_the_wait_for_the_oldest_unconfirmed_batch() -> None:
+    # The brokers away with nine batches unconfirmed: the loop waited for the oldest until its
+    # timeout (30 s here) before it saw a SIGTERM, and the close waited again after that.
+    runtime, consumer, producer = _fake_runtime({b"0-%d" % o for o in range(0, 50, 5)})
+    runtime._stopping.set()
+    started = time.monotonic()
+    for first in range(0, 50, 5):
+        runtime._handle_batch(_batch(0, range(first, first + 5)))
+    assert time.monotonic() - started < 5.0
+    assert len(producer.waiting) == 10 and consumer.commits == []
 
 
 def test_lost_partitions_commit_nothing_of_theirs() -> None:
