@@ -41,7 +41,13 @@ from confluent_kafka import (
 
 from redrive import gate, kafka, retention
 from redrive import headers as h
-from redrive.arguments import check_positive
+from redrive.arguments import (
+    check_instance,
+    check_int,
+    check_positive,
+    check_settings,
+    check_text,
+)
 from redrive.clock import now_ms
 from redrive.delay.schedule import check_target
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
@@ -140,15 +146,17 @@ class DelayService:
                  producer_overrides: Mapping[str, Any] | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         check_positive("timeout_s", timeout_s)
-        if partitions < 1:
-            raise InvalidArgument("partitions", partitions, "must be >= 1")
-        if max_batch < 1:
-            raise InvalidArgument("max_batch", max_batch, "must be >= 1")
-        if instance_id == "":
-            raise InvalidArgument("instance_id", instance_id, "must not be empty")
-        reset = (consumer_overrides or {}).get("auto.offset.reset", "earliest")
+        check_int("partitions", partitions, 1, 1_000_000)
+        check_int("max_batch", max_batch, 1, 1_000_000)
+        check_text("instance_id", instance_id)
+        check_instance("tiers", tiers, Tiers, "a Tiers (Tiers.parse('1s,1m,1h'))")
+        check_instance("transactional", transactional, bool, "True or False")
+        check_instance("create_topics", create_topics, bool, "True or False")
+        consumer_settings = check_settings("consumer_overrides", consumer_overrides)
+        producer_settings = check_settings("producer_overrides", producer_overrides)
+        reset = consumer_settings.get("auto.offset.reset", "earliest")
         if str(reset).lower() not in ("earliest", "smallest", "beginning"):
-            raise InvalidArgument("consumer_overrides", dict(consumer_overrides or {}),
+            raise InvalidArgument("consumer_overrides", consumer_settings,
                                   f"auto.offset.reset={reset!r}: the tiers hold only records "
                                   "waiting for their due time, which a new service group must "
                                   "not skip; it reads them from the earliest offset")
@@ -165,8 +173,8 @@ class DelayService:
                                    topic=tiers.tiers[0].topic)
         self._watched = self.health.watch(kafka.client_config(connection))
         self._metrics_port = metrics_port
-        self._consumer_overrides = dict(consumer_overrides or {})
-        self._producer_overrides = dict(producer_overrides or {})
+        self._consumer_overrides = consumer_settings
+        self._producer_overrides = producer_settings
         self._timeout_s = float(timeout_s)
         self._stopping = threading.Event()
         self._tiers: dict[Key, Tier] = {}  # the assigned partitions and their tiers

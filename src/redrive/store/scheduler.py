@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 
 from redrive import headers as h
 from redrive import kafka
-from redrive.arguments import check_positive
+from redrive.arguments import check_optional, check_positive, check_settings, check_text
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
 from redrive.kafka.health import BrokerHealth
@@ -105,11 +105,14 @@ class Scheduler:
             raise InvalidArgument("store", store, "must be a RetryStore")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgument("batch_size", batch_size, "must be an integer >= 1")
-        if not idle_s > 0:
-            raise InvalidArgument("idle_s", idle_s, "must be > 0")
-        if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not lease_s > 0:
-            raise InvalidArgument("lease_s", lease_s, "must be a number of seconds > 0")
+        check_positive("idle_s", idle_s)
+        check_positive("lease_s", lease_s)
         check_positive("timeout_s", timeout_s)
+        check_optional("metrics", metrics, Metrics, "a redrive.metrics.Metrics")
+        check_text("webhook", webhook)
+        if isinstance(on_dead, str | bytes) or not isinstance(on_dead, Sequence):
+            raise InvalidArgument("on_dead", on_dead, "must be a list of hooks, each callable "
+                                  "with a StoredRetry")
         self.store = store
         self.batch_size = batch_size
         self.idle_s = float(idle_s)
@@ -124,7 +127,7 @@ class Scheduler:
         # Its checks go through its producer, so they ask about no topic (see BrokerHealth).
         self.health = BrokerHealth("store scheduler", self.metrics)
         self._connection = self.health.watch(kafka.client_config(connection))
-        self._producer_config = dict(producer_config or {})
+        self._producer_config = check_settings("producer_config", producer_config)
         self._producer: Producer | None = None
         self._reader: Consumer | None = None
         self._admin: kafka.Admin | None = None

@@ -13,7 +13,7 @@ from redrive import headers as h
 from redrive.consumer import RetryingConsumer
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
-from redrive.store import RetryStore, StoreBackend, StoredRetry
+from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry
 from redrive.store.database import StoreUnavailable, database_url
 from redrive.store.notify import describe
 from redrive.store.outcomes import WRITTEN_COLUMNS, entry_row
@@ -169,3 +169,18 @@ def test_a_stored_retry_is_read_from_its_row_by_position(tmp_path: Path) -> None
     with pytest.raises(ValueError, match=r"whole row of 'redrive_retries'.*not 2"):
         StoredRetry.of(part)
     store.close()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("timeout_s", 0), ("timeout_s", float("inf")), ("idle_s", float("inf")), ("lease_s", -1),
+    ("metrics", "prometheus"), ("webhook", 5), ("on_dead", print),
+    ("producer_config", "linger.ms=5")])
+def test_a_scheduler_refuses_a_bad_argument_naming_it(tmp_path: Path, field: str,
+                                                      value: object) -> None:
+    store = RetryStore(str(tmp_path / "store.db"))
+    try:
+        with pytest.raises(InvalidArgument) as caught:
+            Scheduler(store, "127.0.0.1:9", **{field: value})  # type: ignore[arg-type]
+        assert caught.value.field == field and caught.value.value == value
+    finally:
+        store.close()
