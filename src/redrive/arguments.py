@@ -24,6 +24,13 @@ def check_positive(field: str, value: Any) -> float:
     return float(value)
 
 
+def check_seconds(field: str, value: Any) -> float:
+    """A wait that may be 0 (at once), never negative or endless."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise InvalidArgument(field, value, "must be a finite number of seconds >= 0")
+    return float(value)
+
+
 def check_instance(field: str, value: Any, kind: type | tuple[type, ...], expected: str) -> None:
     if not isinstance(value, kind):
         raise InvalidArgument(field, value, f"must be {expected}")

@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from redrive import gate, kafka, topics
-from redrive.arguments import check_function
+from redrive.arguments import check_function, check_instance, check_int, check_seconds
 from redrive.backends import RetryBackend
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError
@@ -104,6 +104,21 @@ class RetryPipeline:
                                   "give exactly one of function= (per record), batch_function= "
                                   "(per pandas batch) or transform= (a DataFrame transform)")
         check_function(given[0], forms[given[0]][0], forms[given[0]][1])
+        if not isinstance(checkpoint, str) or not checkpoint:
+            raise InvalidArgument("checkpoint", checkpoint, "must be the query's checkpoint "
+                                  "location, a path or URL")
+        if not (callable(sink) or (isinstance(sink, str) and sink)):
+            raise InvalidArgument("sink", sink, "must be a path or table name, or callable "
+                                  "with (DataFrame, batch_id)")
+        if max_offsets_per_trigger is not None:
+            check_int("max_offsets_per_trigger", max_offsets_per_trigger, 1, 2**63 - 1)
+        check_seconds("waiting_gauges_every_s", waiting_gauges_every_s)
+        for name, flag in (("available_now", available_now),
+                           ("fail_on_data_loss", fail_on_data_loss)):
+            check_instance(name, flag, bool, "True or False")
+        if on_batch is not None and not callable(on_batch):
+            raise InvalidArgument("on_batch", on_batch, "must be callable with (batch_id, "
+                                  "PipelineStats)")
         if available_now and trigger_interval is not None:
             raise InvalidArgument("trigger_interval", trigger_interval,
                                   "an available_now run has no interval: it reads what is there "

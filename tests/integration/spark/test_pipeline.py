@@ -286,6 +286,13 @@ def test_bad_arguments_fail_before_starting(spark: Any, bootstrap: str) -> None:
     with pytest.raises(InvalidArgument, match="invalid function=42: must be callable"):
         RetryPipeline(spark, bootstrap, "orders", "g", POLICY, function=42,
                       output_schema=OUTPUT, sink="out", checkpoint="cp")
+    for field, value in (("checkpoint", ""), ("sink", 42), ("max_offsets_per_trigger", 0),
+                         ("available_now", "yes"), ("fail_on_data_loss", None),
+                         ("waiting_gauges_every_s", -1), ("on_batch", 5)):
+        arguments = {"sink": "out", "checkpoint": "cp", field: value}
+        with pytest.raises(InvalidArgument, match=f"invalid {field}={value!r}"):
+            RetryPipeline(spark, bootstrap, "orders", "g", POLICY, function=handle,
+                          output_schema=OUTPUT, **arguments)
 
 
 def test_waiting_retries_are_reported_as_gauges(spark: Any, bootstrap: str, new_topic: Any,
