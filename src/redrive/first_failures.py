@@ -115,7 +115,9 @@ class FirstFailures:
         policy = self.policy
         plan = topics.plan(policy, topic, self.group)
         dead_reason = None
-        if (disposition or policy.disposition(error)) is Disposition.DEAD_LETTER:
+        if disposition is None:
+            disposition = policy.disposition(error)
+        if disposition is Disposition.DEAD_LETTER:
             dead_reason = "not-retryable"
         elif policy.max_attempts <= 1:
             dead_reason = "exhausted"
