@@ -218,10 +218,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ceiling: Offsets = {}
         for tp, offset in known.items():
             top = latest[tp]
-            if self._target is not None:
-                top = min(top, self._target.get(tp, offset))
             if top < offset or offset < earliest[tp]:
                 broker.data_loss(tp, offset, earliest[tp], latest[tp])
+            if self._target is not None:
+                # An availableNow run stops where the partitions ended when it was prepared. A
+                # start past that (`latest` resolved later, records written meanwhile) has
+                # nothing left to read, and nothing was lost.
+                top = min(top, self._target.get(tp, offset))
             ceiling[tp] = max(top, offset)
         if isinstance(limit, ReadMaxRows):
             ceiling = rate_limit(known, ceiling, limit.max_rows)

@@ -570,6 +570,24 @@ def test_gate_scan_reads_each_record_once(bootstrap: str, new_topic: Any,
         reader.stop()
 
 
+def test_an_available_now_run_started_past_its_target_reads_nothing_and_loses_nothing(
+        bootstrap: str, new_topic: Any) -> None:
+    # Spark prepares an availableNow run before it resolves `latest` for a new checkpoint:
+    # records written in between put the start past the target, which read as data loss.
+    topic = new_topic(1)
+    producer = kafka.producer(bootstrap)
+    kafka.produce_confirmed(producer, [kafka.OutRecord(topic, b"before")] * 5)
+    reader = _reader(bootstrap, topic, startingOffsets="latest")
+    try:
+        reader.prepareForTriggerAvailableNow()
+        kafka.produce_confirmed(producer, [kafka.OutRecord(topic, b"meanwhile")] * 3)
+        start = reader.initialOffset()
+        assert start == {topic: {"0": 8}}
+        assert reader.latestOffset(start, ReadAllAvailable()) == start
+    finally:
+        reader.stop()
+
+
 def test_ungated_topics_are_never_scanned(bootstrap: str, new_topic: Any,
                                           counted_scans: list[int]) -> None:
     topic = new_topic(1)
