@@ -189,6 +189,14 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
              {"by": _BY, "checkpoint": checkpoint,
               "query": query_id(batch.sparkSession, checkpoint)})
     rows = routing_rows(batch, error_column, source)
+    if source is not None and REDRIVE_COLUMN not in batch.columns \
+            and REDRIVE_COLUMN in source.columns:
+        # The output dropped the batch's `redrive` column: a record with unreadable redrive
+        # headers is still dead-lettered as malformed, once, whatever its output rows say.
+        F = functions(source)
+        unreadable = source.where(F.col(REDRIVE_COLUMN).getField("malformed").isNotNull())
+        rows = (rows.join(unreadable.select(*IDENTITY), list(IDENTITY), "left_anti")
+                .unionByName(routing_rows(unreadable, None)))
     admin = kafka.admin(connection)
     partitions = kafka.topic_partitions(admin)
     already: frozenset[CopyKey] = frozenset()

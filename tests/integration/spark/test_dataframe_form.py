@@ -400,6 +400,31 @@ def test_route_failures_in_a_users_own_foreach_batch(spark: Any, bootstrap: str,
     assert len(read_all(bootstrap, f"{topic}.{group}.dlt")) == 2
 
 
+def test_route_failures_from_a_narrow_output_dead_letters_unreadable_headers_once(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any) -> None:
+    # The output keeps only the records' identity and errors, as after a select or a join:
+    # the batch given as `source=` still says which records' redrive headers are unreadable.
+    from redrive.spark.stream import Subscription
+
+    topic, group = new_topic(), unique_name("narrow")
+    Subscription(bootstrap, topic, group, POLICY).ensure_topics()
+    unreadable = [(h.ATTEMPT, b"abc")]
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        kafka.OutRecord(topic, b"ok:k0", b"k0"),
+        kafka.OutRecord(topic, b"ok:k1", b"k1", unreadable),
+        kafka.OutRecord(topic, b"bad:k2", b"k2", unreadable),
+        kafka.OutRecord(topic, b"bad:k3", b"k3")])
+    batch = (spark.read.format("redrive-kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", topic).option("startingOffsets", "earliest")
+             .option("includeHeaders", "true").option("redrive.decodeHeaders", "true").load())
+    narrow = batch.select("topic", "partition", "offset", failure(batch).alias("error"))
+    counts = route_failures(narrow, bootstrap, group, POLICY, source=batch)
+    assert sorted((r.reason, r.n) for r in counts) == [("malformed", 2), ("not-retryable", 1)]
+    dead = read_all(bootstrap, f"{topic}.{group}.dlt")
+    assert sorted((m.key(), h.last(kafka.message_headers(m), h.REASON)) for m in dead) == [
+        (b"k1", b"malformed"), (b"k2", b"malformed"), (b"k3", b"not-retryable")]
+
+
 def test_route_failures_cuts_the_error_text_of_a_copy_over_the_producers_limit(
         spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
     """A failed record that fits its producer only without its error text is copied with that
