@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import pyarrow as pa
@@ -254,13 +254,20 @@ def process_frame(rows: Sequence[Mapping[str, Any]], function: BatchFunction, er
             frame = function(pd.DataFrame(inputs))
             if len(frame) != len(inputs):
                 raise ValueError(f"batch function returned {len(frame)} rows for {len(inputs)}")
-            errors = frame[error_column] if error_column in frame.columns else [None] * len(frame)
-            outputs = frame.drop(columns=[error_column], errors="ignore").to_dict("records")
-            for index, output, error in zip(handled_rows, outputs, errors, strict=True):
+            # pandas' missing values (None, NaN in an object column, pd.NA, NaT) are nulls, in
+            # the error column as in the outputs, as Spark's own conversion of a frame takes them
+            if error_column in frame.columns:
+                errors, failed = list(frame[error_column]), (~frame[error_column].isna()).tolist()
+            else:
+                errors, failed = [None] * len(frame), [False] * len(frame)
+            data = frame.drop(columns=[error_column], errors="ignore")
+            outputs = data.astype(object).where(data.notna(), None).to_dict("records")
+            for index, output, error, fails in zip(handled_rows, outputs, errors, failed,
+                                                   strict=True):
                 if isinstance(error, BaseException):
                     outcomes[index] = Outcome(FAILED,
                                               error=ErrorInfo.from_exception(error).detached())
-                elif error is not None and not (isinstance(error, float) and error != error):
+                elif fails:
                     outcomes[index] = Outcome(FAILED, error=ErrorInfo("Error", str(error)))
                 else:
                     outcomes[index] = Outcome(OK, output)
@@ -294,6 +301,7 @@ def process_batches(batches: Iterator[pa.RecordBatch], *, record_function: Recor
         names = output_type.names  # a new list at each access
         outcomes = [_named_fields(result.outcome, names) for result in results]
         outputs = [_conform(outcome.output, names) for outcome in outcomes]
+        _fractions(outcomes, outputs, _integer_fields(output_type))
         try:
             output_array = pa.array(outputs, type=output_type)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -341,6 +349,28 @@ def _named_fields(outcome: Outcome, names: Sequence[str]) -> Outcome:
             return outcome
     return _mismatch(outcome, f"the output holds none of output_schema's fields "
                               f"({', '.join(names)}): it has {sorted(map(str, output))}")
+
+
+@lru_cache(maxsize=64)
+def _integer_fields(output_type: pa.StructType) -> tuple[tuple[str, pa.DataType], ...]:
+    return tuple((field.name, field.type) for field in output_type
+                 if pa.types.is_integer(field.type))
+
+
+def _fractions(outcomes: list[Outcome], outputs: list[dict[str, Any] | None],
+               fields: tuple[tuple[str, pa.DataType], ...]) -> None:
+    """Arrow writes a float into an integer field cut to its whole part (1.5 as 1): such a
+    record fails as not fitting instead. A whole float (2.0) fits."""
+    for name, kind in fields:
+        for index, output in enumerate(outputs):
+            if output is None:
+                continue
+            value = output[name]
+            if type(value) is float and not value.is_integer():
+                outcomes[index] = _mismatch(
+                    outcomes[index], f"output field {name!r} = {value!r} does not fit "
+                                     f"output_schema's {kind}: it has a fraction")
+                outputs[index] = None
 
 
 def _unfit(outcomes: list[Outcome], outputs: list[dict[str, Any] | None],

@@ -283,3 +283,33 @@ def test_a_batch_function_output_that_does_not_fit_fails_only_its_rows() -> None
     assert [(r["status"], r["output"]) for r in rows] == [("ok", {"n": 1, "tag": "a"}),
                                                           ("failed", None)]
     assert rows[1]["error_message"].startswith("output field 'n' = 'x' does not fit")
+
+
+def test_a_float_with_a_fraction_in_an_integer_field_fails_its_record() -> None:
+    # Arrow would write 1.5 into a long field as 1; a whole float (2.0) fits.
+    rows = run([{"value": b"1.5"}, {"value": b"2.0"}],
+               lambda record: {"n": float(record["value"]), "tag": "t"})
+    assert [r["status"] for r in rows] == ["failed", "ok"]
+    assert rows[0]["error_type"] == "redrive.errors.OutputMismatch"
+    assert "output field 'n' = 1.5 does not fit" in rows[0]["error_message"]
+    assert rows[1]["output"] == {"n": 2, "tag": "t"}
+
+
+def test_pandas_missing_values_are_nulls_in_the_error_column_and_the_outputs() -> None:
+    import pandas as pd
+
+    def function(frame: Any) -> Any:
+        numbers = pd.to_numeric(frame["value"].map(bytes.decode), errors="coerce")
+        return pd.DataFrame({
+            "n": numbers.astype("Int64"),
+            "tag": pd.Series([float("nan"), None, "x"], dtype=object),  # NaN: missing
+            "error": pd.array([None, "not a number", None], dtype="string"),  # pd.NA: none
+        }).convert_dtypes()
+
+    out = next(iter(tasks.process_batches(
+        iter([batch([{"value": b"1"}, {"value": b"x"}, {"value": b"3"}])]), record_function=None,
+        batch_function=function, error_column="error", policy=POLICY, group="g",
+        output_type=OUTPUT))).to_pylist()
+    assert [r["status"] for r in out] == ["ok", "failed", "ok"]
+    assert [r["output"] for r in out] == [{"n": 1, "tag": None}, None, {"n": 3, "tag": "x"}]
+    assert (out[1]["error_type"], out[1]["error_message"]) == ("Error", "not a number")
