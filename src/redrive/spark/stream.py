@@ -4,6 +4,7 @@ which RetryPipeline shares."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -34,10 +35,17 @@ def starting_option(starting: Starting) -> dict[str, str]:
                                   "a datetime must say its time zone (for example "
                                   "datetime(2026, 11, 27, 9, tzinfo=timezone.utc))")
         return {"startingTimestamp": str(int(starting.timestamp() * 1000))}
+    expected = "expected 'earliest', 'latest', offsets as Spark's JSON, or a datetime"
     if not isinstance(starting, str):
-        raise InvalidArgument("starting_offsets", starting,
-                              "expected 'earliest', 'latest', offsets as Spark's JSON, or a "
-                              "datetime")
+        raise InvalidArgument("starting_offsets", starting, expected)
+    if starting.strip().lower() not in ("earliest", "latest"):
+        # Whether its topics are read is checked when the source is planned.
+        try:
+            parsed = json.loads(starting)
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise InvalidArgument("starting_offsets", starting, expected)
     return {"startingOffsets": starting}
 
 

@@ -288,7 +288,8 @@ def test_bad_arguments_fail_before_starting(spark: Any, bootstrap: str) -> None:
                       output_schema=OUTPUT, sink="out", checkpoint="cp")
     for field, value in (("checkpoint", ""), ("sink", 42), ("max_offsets_per_trigger", 0),
                          ("available_now", "yes"), ("fail_on_data_loss", None),
-                         ("waiting_gauges_every_s", -1), ("on_batch", 5)):
+                         ("waiting_gauges_every_s", -1), ("on_batch", 5),
+                         ("starting_offsets", "earlist"), ("starting_offsets", "{")):
         arguments = {"sink": "out", "checkpoint": "cp", field: value}
         with pytest.raises(InvalidArgument, match=f"invalid {field}={value!r}"):
             RetryPipeline(spark, bootstrap, "orders", "g", POLICY, function=handle,
