@@ -17,7 +17,7 @@ and the partition's next owner reads it again from the committed offset.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -104,23 +104,31 @@ class Refusals:
     topic takes, a topic the client may not write): refused again as soon as they are read
     again, they would be retried as fast as the loop runs. A partition waits 1 s after its
     first refusal, doubling to a minute while they go on, until `forget` (its offsets
-    committed)."""
+    committed). The store's scheduler keeps them per row (keyed by the row's id)."""
 
     FIRST_S = 1.0
     LONGEST_S = 60.0
 
     def __init__(self) -> None:
-        self._last_s: dict[PartitionKey, float] = {}
+        self._last_s: dict[Hashable, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._last_s)
+
+    def pause_s(self, key: Hashable) -> float:
+        """The next pause of `key`, refused once more."""
+        pause_s = min(self.LONGEST_S, self._last_s.get(key, self.FIRST_S / 2) * 2)
+        self._last_s[key] = pause_s
+        return pause_s
 
     def hold(self, holds: Holds, consumer: Pausable, tp: PartitionKey, offset: int,
              now_ms: int) -> float:
         """Hold `tp` at `offset` for its next pause; return the pause in seconds."""
-        pause_s = min(self.LONGEST_S, self._last_s.get(tp, self.FIRST_S / 2) * 2)
-        self._last_s[tp] = pause_s
+        pause_s = self.pause_s(tp)
         holds.hold(consumer, tp, Hold(offset, now_ms + int(pause_s * 1000), Why.REFUSED, now_ms))
         return pause_s
 
-    def forget(self, tps: Iterable[PartitionKey]) -> None:
+    def forget(self, keys: Iterable[Hashable]) -> None:
         if self._last_s:
-            for tp in tps:
-                self._last_s.pop(tp, None)
+            for key in keys:
+                self._last_s.pop(key, None)

@@ -133,7 +133,7 @@ class Scheduler:
         self._admin: kafka.Admin | None = None
         self._partitions: dict[str, int] = {}
         self._unsettled: DueBatch | None = None  # a whole pass's marks, left to the next claim
-        self._refusals: dict[int, float] = {}  # a row's last pause after its copy was refused
+        self._refusals = Refusals()  # by row id
         self._stopping = threading.Event()
 
     # --- one pass ------------------------------------------------------------------------------
@@ -238,8 +238,7 @@ class Scheduler:
             if self._refusals:
                 out = [pair for pair, refused in zip(out, outcomes, strict=True)
                        if refused is None]
-                for row, _ in out:
-                    self._refusals.pop(row.id, None)
+                self._refusals.forget(row.id for row, _ in out)
             batch.mark_in_flight((row.id for row, _ in out), at)
         lateness = [at - row.due_ms for row, _ in out]
         for (_, record), late in zip(out, lateness, strict=True):
@@ -253,9 +252,7 @@ class Scheduler:
         write) would be refused again at once: its row waits 1 s, doubling to a minute while
         the refusals go on, and the other rows go on meanwhile (failing the pass would take
         this row first again, and block every group)."""
-        pause_s = min(Refusals.LONGEST_S,
-                      self._refusals.get(row.id, Refusals.FIRST_S / 2) * 2)
-        self._refusals[row.id] = pause_s
+        pause_s = self._refusals.pause_s(row.id)
         batch.mark_held(row.id, at + round(pause_s * 1000))
         log.warning("stored retry %d of group %s on %s: %s; its copy is tried again in %g s",
                     row.id, row.group, row.topic, why, pause_s)
