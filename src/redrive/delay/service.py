@@ -294,20 +294,7 @@ class DelayService:
         # poll returns at the first record; draining what else is already fetched batches the
         # transaction without waiting for more.
         messages = [first, *consumer.consume(self.max_batch - 1, 0)]
-        starts: dict[Key, int] = {}
-        for message in messages:
-            key = (str(message.topic()), int(message.partition() or 0))
-            if message.error() is None and key in self._tiers and key not in self._holds:
-                starts.setdefault(key, int(message.offset() or 0))
-        try:
-            batch = self._admit(messages, now_ms())
-        except KafkaException as exc:
-            # Checking a target not seen before found no broker to list the topics: nothing of
-            # the poll is forwarded, and it is read again (the next check waits for the brokers).
-            if not self.health.failed(exc):
-                raise
-            self._rewind(_Batch(starts=starts), refused=False, why=exc)
-            return
+        batch = self._admit(messages, now_ms())
         if batch.offsets:
             self._forward(batch)
 
@@ -333,6 +320,18 @@ class DelayService:
             if key not in self._tiers or key in self._holds:
                 continue
             runs.setdefault(key, []).append(message)
+        try:
+            return self._admit_runs(runs, now)
+        except KafkaException as exc:
+            # Checking a target not seen before found no broker to list the topics: nothing of
+            # the poll is forwarded, and it is read again (the next check waits for the brokers).
+            if not self.health.failed(exc):
+                raise
+            starts = {key: int(run[0].offset() or 0) for key, run in runs.items()}
+            self._rewind(_Batch(starts=starts), refused=False, why=exc)
+            return _Batch()
+
+    def _admit_runs(self, runs: dict[Key, list[Message]], now: int) -> _Batch:
         batch = _Batch()
         self._refreshed = False
         consumer = self._require_consumer()
