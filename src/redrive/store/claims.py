@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Row, and_, or_, select, update
 
 from redrive.store.keys import release_keys
 from redrive.store.matching import one_of
-from redrive.store.rows import StoredRetry, row_positions
+from redrive.store.rows import CorruptRow, StoredRetry, row_positions
 from redrive.store.schema import DEAD, IN_FLIGHT, PARKED, PENDING, SUCCEEDED, retries
 
 
@@ -26,6 +26,8 @@ class DueBatch:
     """
 
     rows: list[StoredRetry]
+    # Claimed rows whose headers cannot be read: the claimer marks them dead.
+    corrupt: list[CorruptRow] = field(default_factory=list)
     dispatched: list[int] = field(default_factory=list)
     dispatched_ms: int = 0
     dead: list[tuple[list[StoredRetry], str, str, int]] = field(default_factory=list)
@@ -51,10 +53,19 @@ class DueBatch:
         self.held.append((retry_id, due_ms))
 
     @property
+    def taken(self) -> int:
+        return len(self.rows) + len(self.corrupt)
+
+    @property
+    def dead_ids(self) -> set[int]:
+        return {row.id for rows, *_ in self.dead for row in rows}
+
+    @property
     def unsettled(self) -> list[int]:
-        settled = set(self.dispatched).union(r.id for rows, *_ in self.dead for r in rows)
+        settled = set(self.dispatched).union(self.dead_ids)
         settled.update(retry_id for retry_id, _ in self.held)
-        return [row.id for row in self.rows if row.id not in settled]
+        return [row.id for row in [*self.rows, *(c.row for c in self.corrupt)]
+                if row.id not in settled]
 
 
 @dataclass
@@ -64,6 +75,16 @@ class Unnotified:
 
     def notified(self, retry_id: int) -> None:
         self.done.append(retry_id)
+
+
+def due_batch(taken: Iterable[Row[tuple[object, ...]]]) -> DueBatch:
+    rows, corrupt = [], []
+    for row in taken:
+        try:
+            rows.append(StoredRetry.of(row))
+        except CorruptRow as exc:
+            corrupt.append(exc)
+    return DueBatch(rows, corrupt)
 
 
 def claim_due(conn: Connection, limit: int, at: int) -> list[Row[tuple[object, ...]]]:
@@ -134,7 +155,7 @@ def take_unnotified(conn: Connection, limit: int, at: int) -> Unnotified:
            .limit(limit).with_for_update(skip_locked=True).scalar_subquery())
     taken = conn.execute(update(retries).where(c.id.in_(due)).values(notified_ms=-at)
                          .returning(*c)).all()
-    return Unnotified(sorted((StoredRetry.of(r) for r in taken), key=lambda row: row.id))
+    return Unnotified(sorted((StoredRetry.shown(r) for r in taken), key=lambda row: row.id))
 
 
 def mark_notified(conn: Connection, batch: Unnotified, at: int) -> None:

@@ -7,6 +7,7 @@ import base64
 import binascii
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
@@ -14,8 +15,10 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnElement, Row, and_, or_, true
 
 from redrive import headers as h
-from redrive.errors import InvalidArgument
+from redrive.errors import InvalidArgument, RedriveError
 from redrive.store.schema import DEAD, MODES, PARKED, PENDING, STATUSES, retries
+
+log = logging.getLogger("redrive.store")
 
 Headers = list[tuple[str, bytes]]
 Coordinates = tuple[str, int, int]  # a record's original topic, partition and offset
@@ -42,8 +45,27 @@ def stored_headers(headers: Sequence[tuple[str, bytes]]) -> Headers:
 
 
 def decode_headers(raw: str | None) -> Headers:
-    # binascii's own decoder: base64.b64decode's argument checks cost as much again.
-    return [(name, binascii.a2b_base64(value)) for name, value in json.loads(raw or "[]")]
+    """A row's headers column read back; raises ValueError (saying what is wrong) on a column
+    that is not what encode_headers writes."""
+    try:
+        pairs = json.loads(raw or "[]")
+        # binascii's own decoder: base64.b64decode's argument checks cost as much again.
+        headers = [(name, binascii.a2b_base64(value)) for name, value in pairs]
+    except (ValueError, TypeError) as exc:  # not JSON, not base64, not pairs
+        raise ValueError(f"not a JSON list of [name, base64 value] pairs ({exc})") from exc
+    if type(pairs) is not list or not all(type(name) is str for name, _ in headers):
+        raise ValueError("not a JSON list of [name, base64 value] pairs")
+    return headers
+
+
+class CorruptRow(RedriveError):
+    """A stored row whose headers column cannot be read (edited by hand, or written by
+    something other than redrive). `row` is the rest of it, with no headers."""
+
+    def __init__(self, row: StoredRetry, raw: object, problem: str) -> None:
+        self.row = row
+        shown = raw if not isinstance(raw, str) or len(raw) <= 80 else raw[:80] + "..."
+        super().__init__(f"stored retry {row.id}: invalid headers={shown!r}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -76,18 +98,35 @@ class StoredRetry:
 
     @classmethod
     def of(cls, row: Row[Any]) -> StoredRetry:
+        """The row as a StoredRetry; raises CorruptRow when its headers cannot be read."""
         # By position: 23 lookups by name on the row's mapping cost the scheduler more per row
         # (about 10 us) than the dataclass and the headers' decoding together.
         if len(row) != _ROW_LENGTH:
             raise ValueError(f"a stored retry is built from a whole row of {retries.name!r} "
                              f"({_ROW_LENGTH} columns), not {len(row)}: {row._fields}")
         values = [row[i] for i in _POSITIONS]
-        values[_HEADERS_AT] = decode_headers(values[_HEADERS_AT])
+        raw = values[_HEADERS_AT]
+        try:
+            values[_HEADERS_AT] = decode_headers(raw)
+            problem = None
+        except ValueError as exc:
+            values[_HEADERS_AT], problem = [], str(exc)
         # Filled as one dict update: a frozen dataclass's __init__ sets each of the 23 fields
         # through object.__setattr__ (3.4 against 1.3 us a row).
         built = object.__new__(cls)
         built.__dict__.update(zip(_COLUMN_FIELDS, values, strict=True))
+        if problem is not None:
+            raise CorruptRow(built, raw, problem)
         return built
+
+    @classmethod
+    def shown(cls, row: Row[Any]) -> StoredRetry:
+        """The row for a listing: one whose headers cannot be read is shown without them."""
+        try:
+            return cls.of(row)
+        except CorruptRow as exc:
+            log.warning("%s; shown without its headers", exc)
+            return exc.row
 
     @property
     def destination(self) -> str:

@@ -58,6 +58,7 @@ log = logging.getLogger("redrive.store.scheduler")
 
 EXPIRED = "expired"
 NO_DESTINATION = "unknown-topic"
+CORRUPT = "corrupt"
 DEFAULT_BATCH = 500
 DEFAULT_IDLE_S = 0.05
 # After a failed pass (the database or the brokers unreachable) the next waits this long,
@@ -80,9 +81,10 @@ class Pass:
     """What one scheduler pass did."""
 
     published: int = 0
-    expired: int = 0
+    expired: int = 0  # gone from Kafka (reference mode)
     notified: int = 0
     lateness_ms: tuple[int, ...] = ()  # per published row: publish time - due time
+    died: int = 0  # expired, with no destination topic, or corrupt
 
 
 class Scheduler:
@@ -140,7 +142,7 @@ class Scheduler:
 
     def run_once(self) -> Pass:
         """Publish what is due now (up to batch_size rows) and deliver pending notifications."""
-        published, expired, lateness = 0, 0, list[int]()
+        published, expired, died, lateness = 0, 0, 0, list[int]()
         at = now_ms()
         # After a pass that took a whole batch more are likely due, and its marks need a writing
         # transaction anyway: the claim goes first, without asking.
@@ -157,7 +159,8 @@ class Scheduler:
                     # Claimed earliest due first: the first row is the most overdue.
                     self._overdue(batch.rows[0].due_ms if batch.rows else None)
                 published, expired, lateness = self._dispatch(batch)
-                if len(batch.rows) == self.batch_size:
+                died = len(batch.dead_ids)
+                if batch.taken == self.batch_size:
                     # More are likely due and the next pass follows at once: its claim writes
                     # this one's marks in the same transaction, one commit a pass instead of
                     # two. Should this process die first, the rows come back after their claim.
@@ -166,7 +169,7 @@ class Scheduler:
         else:
             self._settle()
         notified = self.notifier.deliver(self.store)
-        return Pass(published, expired, notified, tuple(lateness))
+        return Pass(published, expired, notified, tuple(lateness), died)
 
     def _overdue(self, oldest_due_ms: int | None) -> None:
         """The most overdue retry has waited since its due time (its gauge reads 0 until then,
@@ -194,6 +197,11 @@ class Scheduler:
         return reclaimed
 
     def _dispatch(self, batch: DueBatch) -> tuple[int, int, list[int]]:
+        for corrupt in batch.corrupt:
+            # Its copy cannot be built as it was; taken again, it would fail every pass.
+            log.error("%s: it dies as %r", corrupt, CORRUPT)
+            batch.mark_dead([corrupt.row], CORRUPT, str(corrupt), now_ms())
+            self.metrics.dead_lettered(corrupt.row.topic, CORRUPT)
         if not batch.rows:
             return 0, 0, []
         out: list[tuple[StoredRetry, kafka.OutRecord]] = []
@@ -343,7 +351,7 @@ class Scheduler:
                         log.warning("scheduler passes succeed again after %d failed", failures)
                         failures = 0
                     self.health.tick(self._require_producer())
-                    if done.published + done.expired < self.batch_size:
+                    if done.published + done.died < self.batch_size:
                         self._stopping.wait(self.idle_s)
         finally:
             self.close()

@@ -144,7 +144,7 @@ class RetryStore:
         with self._begin(read_only=True) as conn:
             row = conn.execute(select(retries).where(
                 record_is(group, topic, partition, offset))).first()
-        return None if row is None else StoredRetry.of(row)
+        return None if row is None else StoredRetry.shown(row)
 
     def key_active(self, group: str, topic: str, key: bytes) -> bool:
         """Whether a record with this key waits in the store for this group (ordering)."""
@@ -191,7 +191,7 @@ class RetryStore:
                 claims.settle(conn, settling)
             taken = claims.claim_due(conn, limit, at)
         # Decoded once the lock is released.
-        batch = DueBatch([StoredRetry.of(r) for r in taken])
+        batch = claims.due_batch(taken)
         try:
             yield batch
         except BaseException:
@@ -267,7 +267,7 @@ class RetryStore:
         at = now_ms() if at_ms is None else at_ms
         query = select(retries).where(where.where(at)).order_by(retries.c.id).limit(limit)
         with self._begin(read_only=True) as conn:
-            return [StoredRetry.of(r) for r in conn.execute(query)]
+            return [StoredRetry.shown(r) for r in conn.execute(query)]
 
     def get(self, retry_id: int) -> StoredRetry:
         found = self.find(RowFilter(ids=(retry_id,)), limit=1)

@@ -475,6 +475,34 @@ def test_a_row_whose_destination_is_gone_dies_without_blocking_the_others(
     runner.close()
 
 
+def test_a_row_whose_headers_cannot_be_read_dies_naming_them_and_the_others_go_on(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    topic, group = new_topic(), unique_name("corrupt")
+    store.write([entry(group, topic, o, value=b"v%d" % o, due_ms=now_ms() - 10 + o)
+                 for o in range(3)], [])
+    with store.engine.begin() as conn:
+        conn.execute(retries.update().where(retries.c.group_id == group,
+                                            retries.c.offset == 1).values(headers="{broken"))
+    dead: list[StoredRetry] = []
+    runner = scheduler(store, bootstrap, on_dead=[dead.append])
+    try:
+        done = runner.run_once()
+        assert (done.published, done.died, done.notified) == (2, 1, 1)
+        rows = {r.offset: r for r in store.find(RowFilter(group=group))}
+        assert [rows[o].status for o in range(3)] == [IN_FLIGHT, DEAD, IN_FLIGHT]
+        assert rows[1].reason == "corrupt"
+        assert "invalid headers='{broken'" in (rows[1].error_message or "")
+        assert rows[1].value == b"v1"  # kept for the operator
+        assert [r.offset for r in dead] == [1]
+        assert runner.metrics.value("redrive_dead_lettered_total", topic=topic,
+                                    reason="corrupt") == 1
+        assert runner.run_once().published == 0
+    finally:
+        runner.close()
+    copies = read_all(bootstrap, topic, expect=2)
+    assert sorted(c.header(h.ORIGINAL_OFFSET) for c in copies) == ["0", "2"]
+
+
 def test_a_refused_copy_waits_with_growing_pauses_and_the_other_rows_go_on(
         store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
     # The original fitted its topic; its copy, with redrive's headers, is larger than it takes.

@@ -19,6 +19,7 @@ from redrive.store.notify import describe
 from redrive.store.outcomes import WRITTEN_COLUMNS, entry_row
 from redrive.store.rows import (
     FROM_COLUMNS,
+    CorruptRow,
     Entry,
     RowFilter,
     decode_headers,
@@ -74,6 +75,32 @@ def test_headers_survive_encoding_byte_for_byte() -> None:
     headers = [("a", b"\x00\xff"), ("a", b""), ("b", "é".encode())]
     assert decode_headers(encode_headers(headers)) == headers
     assert decode_headers(None) == []
+
+
+@pytest.mark.parametrize("raw", [
+    "not json", '{"a": "AA=="}', '[["a"]]', '[["a", "AA==", "x"]]', '[[1, "AA=="]]',
+    '[["a", 5]]', '[["a", "A"]]', '"AA=="'])
+def test_a_headers_column_that_is_not_what_redrive_writes_is_named(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"not a JSON list of \[name, base64 value\] pairs"):
+        decode_headers(raw)
+
+
+def test_a_row_whose_headers_cannot_be_read_is_listed_without_them(tmp_path: Path) -> None:
+    store = RetryStore(tmp_path / "corrupt.db")
+    store.write([Entry(group="g", topic="orders", partition=0, offset=o, timestamp_ms=5,
+                       key=None, mode="payload", value=b"v%d" % o, headers=[("a", b"1")],
+                       target=None, attempt=1, first_failure_ms=6, due_ms=10, status=PENDING)
+                 for o in range(2)], [])
+    with store._begin() as conn:
+        conn.execute(retries.update().where(retries.c.offset == 1).values(headers="[[oops"))
+        whole = conn.execute(select(retries).where(retries.c.offset == 1)).one()
+    with pytest.raises(CorruptRow, match=r"stored retry \d+: invalid headers='\[\[oops'") as caught:
+        StoredRetry.of(whole)
+    assert (caught.value.row.offset, caught.value.row.value, caught.value.row.headers) == \
+        (1, b"v1", [])
+    listed = {r.offset: r.headers for r in store.find()}
+    assert listed == {0: [("a", b"1")], 1: []}
+    store.close()
 
 
 def test_a_republished_row_carries_its_whole_history() -> None:
