@@ -41,7 +41,7 @@ from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
 from redrive.kafka.health import BrokerHealth
 from redrive.kafka.holds import Refusals
 from redrive.kafka.produce import discard_producer, producer_failed
-from redrive.kafka.ranges import PartitionRange, RangeReader, range_consumer
+from redrive.kafka.ranges import PartitionRange, RangeReader, RangeReadFailed, range_consumer
 from redrive.metrics import Metrics
 from redrive.oversize import slimmed
 from redrive.record import Origin
@@ -207,12 +207,22 @@ class Scheduler:
         out: list[tuple[StoredRetry, kafka.OutRecord]] = []
         gone: list[StoredRetry] = []
         nowhere: list[StoredRetry] = []
+        unreadable: dict[tuple[str, int], RangeReadFailed] = {}
         for row in batch.rows:
             try:
+                failed = unreadable.get((row.topic, row.partition))
+                if failed is not None:
+                    raise failed  # tried once a pass: each try may wait timeout_s
                 record = self._record(row)
             except UnknownTopic:
                 # Failing the pass would take the same rows first again, and block every group.
                 nowhere.append(row)
+                continue
+            except RangeReadFailed as exc:
+                # A reference whose partition cannot be read now (a topic the scheduler may not
+                # read, a read stuck): held like a refused copy, for the same reason.
+                unreadable[(row.topic, row.partition)] = exc
+                self._hold_refused(batch, row, exc, now_ms())
                 continue
             if record is None:
                 gone.append(row)
@@ -257,9 +267,9 @@ class Scheduler:
     def _hold_refused(self, batch: DueBatch, row: StoredRetry, why: RedriveError,
                       at: int) -> None:
         """A copy the broker refused (larger than its topic takes, a topic the scheduler may not
-        write) would be refused again at once: its row waits 1 s, doubling to a minute while
-        the refusals go on, and the other rows go on meanwhile (failing the pass would take
-        this row first again, and block every group)."""
+        write), or a reference that could not be read back, would fail again at once: its row
+        waits 1 s, doubling to a minute while the failures go on, and the other rows go on
+        meanwhile (failing the pass would take this row first again, and block every group)."""
         pause_s = self._refusals.pause_s(row.id)
         batch.mark_held(row.id, at + round(pause_s * 1000))
         log.warning("stored retry %d of group %s on %s: %s; its copy is tried again in %g s",

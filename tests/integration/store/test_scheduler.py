@@ -21,6 +21,7 @@ from redrive import kafka
 from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
 from redrive.errors import InvalidArgument
+from redrive.kafka.ranges import RangeReadFailed
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry, StoreUnavailable, claims
@@ -501,6 +502,54 @@ def test_a_row_whose_headers_cannot_be_read_dies_naming_them_and_the_others_go_o
         runner.close()
     copies = read_all(bootstrap, topic, expect=2)
     assert sorted(c.header(h.ORIGINAL_OFFSET) for c in copies) == ["0", "2"]
+
+
+def test_a_reference_that_cannot_be_read_back_waits_and_the_other_rows_go_on(
+        store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stuck, topic, group = new_topic(), new_topic(), unique_name("unreadable")
+    produce(bootstrap, stuck, [b"s0", b"s1"])
+    produce(bootstrap, topic, [b"r0", b"r1"])
+    due = now_ms() - 1_000
+    store.write([*(entry(group, stuck, o, mode=REFERENCE, due_ms=due) for o in range(2)),
+                 *(entry(group, topic, o, mode=REFERENCE, due_ms=due + 1) for o in range(2))],
+                [])
+    reads: list[int] = []
+    read_back = Scheduler._read_back
+
+    def stuck_reads(self: Scheduler, row: StoredRetry) -> Any:
+        # As a read that makes no progress ends after timeout_s (or a topic the scheduler
+        # may not read).
+        if row.topic == stuck and len(reads) < 1:
+            reads.append(row.offset)
+            raise RangeReadFailed(row.topic, row.partition, row.offset, row.offset + 1,
+                                  "stuck at offset 0 for 30s")
+        return read_back(self, row)
+
+    monkeypatch.setattr(Scheduler, "_read_back", stuck_reads)
+    runner = scheduler(store, bootstrap)
+    try:
+        started = now_ms()
+        assert runner.run_once().published == 2
+        assert reads == [0]  # once a pass for the partition: each read may wait timeout_s
+        held = store.find(RowFilter(group=group, topic=stuck))
+        assert {(r.status, r.dispatches) for r in held} == {(PENDING, 0)}
+        # Due again a second after the read failed (reading the other rows took a while).
+        assert all(started + 1_000 <= r.due_ms <= now_ms() + 1_000 for r in held)
+        assert {r.status for r in store.find(RowFilter(group=group, topic=topic))} == {IN_FLIGHT}
+        published = [0]
+
+        def both_published() -> bool:
+            published[0] += runner.run_once().published
+            return published[0] == 2
+
+        wait_until(both_published, timeout_s=5, what="the held references published")
+    finally:
+        runner.close()
+    copies = read_all(bootstrap, topic, expect=4, timeout_s=30)[2:]
+    assert [c.value for c in copies] == [b"r0", b"r1"]
+    back = read_all(bootstrap, stuck, expect=4, timeout_s=30)[2:]
+    assert [(c.value, c.header(h.ORIGINAL_OFFSET)) for c in back] == [(b"s0", "0"), (b"s1", "1")]
 
 
 def test_a_refused_copy_waits_with_growing_pauses_and_the_other_rows_go_on(
