@@ -24,7 +24,7 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.backends import BoundBackend, Verdict
 from redrive.clock import now_ms
-from redrive.errors import MalformedHeader
+from redrive.errors import InvalidArgument, MalformedHeader
 from redrive.kafka.produce import producer_failed
 from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.oversize import slimmed
@@ -331,23 +331,27 @@ class BatchBody:
         if "/" in self.sink or ":" in self.sink:
             writer.partitionBy(QUERY_COLUMN, BATCH_COLUMN).save(self.sink)
         elif rows.sparkSession.catalog.tableExists(self.sink):
-            self._overwrite_partition(successes, batch_id)
+            self._overwrite_partition(self.sink, successes, batch_id)
         else:
             writer.partitionBy(QUERY_COLUMN, BATCH_COLUMN).saveAsTable(self.sink)
 
-    def _overwrite_partition(self, successes: Any, batch_id: int) -> None:
+    def _overwrite_partition(self, table: str, successes: Any, batch_id: int) -> None:
         """Put the batch in an existing table (made by the first batch, or by the user) in place
         of its own partition, named in full. An overwrite through DataFrameWriter.insertInto
         follows spark.sql.sources.partitionOverwriteMode, static by default, where it empties
         the whole table: a table the user made kept only the last batch (the writer's own
-        partitionOverwriteMode option is not read there)."""
+        partitionOverwriteMode option is not read there). Columns go by name: an INSERT puts
+        them by position, and a table made with its columns in another order would take each
+        value into the wrong one, or fail casting it."""
         spark = successes.sparkSession
+        columns = _sink_columns(table, [f.name for f in spark.table(table).schema.fields],
+                                successes.columns)
         view = f"redrive_batch_{uuid.uuid4().hex}"
         successes.createOrReplaceTempView(view)
         try:
-            spark.sql(f"INSERT OVERWRITE TABLE {self.sink} PARTITION ({QUERY_COLUMN} = "
+            spark.sql(f"INSERT OVERWRITE TABLE {table} PARTITION ({QUERY_COLUMN} = "
                       f"'{self.query['id']}', {BATCH_COLUMN} = {int(batch_id)}) "
-                      f"SELECT * FROM {view}")
+                      f"SELECT {', '.join(map(_quoted, columns))} FROM {view}")
         finally:
             spark.catalog.dropTempView(view)
 
@@ -502,3 +506,21 @@ def _decision(row: Any, pairs: list[tuple[str, bytes]]) -> Route:
                      row["partition"])
     assert row["kind"] == DEAD_LETTER
     return DeadLetter(row["topic"], pairs, row["reason"], row["attempt"], row["partition"])
+
+
+def _sink_columns(sink: str, table: Sequence[str], output: Sequence[str]) -> list[str]:
+    """The output's columns in the order of the sink table's own (but its partition columns);
+    names match as Spark's do, whatever their case."""
+    by_name = {name.lower(): name for name in output}
+    wanted = [name for name in table if name not in (QUERY_COLUMN, BATCH_COLUMN)]
+    missing = [name for name in wanted if name.lower() not in by_name]
+    extra = sorted(set(by_name) - {name.lower() for name in wanted})
+    if missing or extra:
+        raise InvalidArgument("sink", sink, f"the table's columns {wanted} are not the "
+                              f"output's {list(output)}: missing from the output {missing}, "
+                              f"not in the table {[by_name[name] for name in extra]}")
+    return [by_name[name.lower()] for name in wanted]
+
+
+def _quoted(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"

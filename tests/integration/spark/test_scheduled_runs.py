@@ -234,6 +234,7 @@ def test_copies_deleted_before_a_new_checkpoint_read_them_stop_it_unless_told_to
 
 
 @pytest.mark.parametrize(("session", "made_by"), [("spark", "pipeline"), ("spark", "user"),
+                                                  ("spark", "user-reordered"),
                                                   ("connect_spark", "user")])
 def test_a_table_sink_keeps_every_batch(request: Any, bootstrap: str, new_topic: Any,
                                         unique_name: Any, tmp_path: Path, session: str,
@@ -251,6 +252,11 @@ def test_a_table_sink_keeps_every_batch(request: Any, bootstrap: str, new_topic:
         spark.sql(f"CREATE TABLE {table} (key STRING, attempt INT, late_ms BIGINT, "
                   "topic STRING, partition INT, offset BIGINT, redrive_query STRING, "
                   "redrive_batch INT) USING parquet PARTITIONED BY (redrive_query, redrive_batch)")
+    elif made_by == "user-reordered":
+        # Columns go by name: by position, offsets would land in `key` and keys fail to cast.
+        spark.sql(f"CREATE TABLE {table} (OFFSET BIGINT, partition INT, topic STRING, "
+                  "late_ms BIGINT, attempt INT, key STRING, redrive_query STRING, "
+                  "redrive_batch INT) USING parquet PARTITIONED BY (redrive_query, redrive_batch)")
     pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=handle_in_sql,
                              sink=table, checkpoint=str(tmp_path / "cp"), available_now=True,
                              max_offsets_per_trigger=3)
@@ -260,5 +266,7 @@ def test_a_table_sink_keeps_every_batch(request: Any, bootstrap: str, new_topic:
         rows = spark.table(table).collect()
         assert sorted(row["key"] for row in rows) == sorted(f"k{i}" for i in range(9))
         assert sorted(row["redrive_batch"] for row in rows) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+        assert sorted((row["key"], row["OFFSET" if made_by == "user-reordered" else "offset"],
+                       row["topic"]) for row in rows) == [(f"k{i}", i, topic) for i in range(9)]
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {table}")

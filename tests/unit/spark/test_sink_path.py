@@ -1,4 +1,5 @@
-"""A local sink path that cannot be made is named when the pipeline is built."""
+"""A local sink path that cannot be made is named when the pipeline is built; a sink table's
+columns are matched to the output's by name."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from redrive.errors import InvalidArgument
+from redrive.spark.batches import _quoted, _sink_columns
 from redrive.spark.pipeline import check_local_sink
 
 LOCAL = "file:///"  # Hadoop's default file system on a local session
@@ -43,3 +45,13 @@ def test_a_path_without_scheme_on_a_cluster_s_file_system_is_not_checked(tmp_pat
     check_local_sink(f"{tmp_path}/afile/sink", "hdfs://namenode:8020")
     with pytest.raises(InvalidArgument, match="is a file, not a directory"):
         check_local_sink(f"file:{tmp_path}/afile/sink", "hdfs://namenode:8020")
+
+
+def test_a_sink_tables_columns_take_the_outputs_by_name_in_the_tables_order() -> None:
+    table = ["Offset", "key", "redrive_query", "redrive_batch"]
+    assert _sink_columns("t", table, ["key", "offset"]) == ["offset", "key"]
+    with pytest.raises(InvalidArgument, match=r"invalid sink='t': the table's columns "
+                       r"\['Offset', 'key'\] are not the output's \['key', 'extra'\]: "
+                       r"missing from the output \['Offset'\], not in the table \['extra'\]"):
+        _sink_columns("t", table, ["key", "extra"])
+    assert _quoted("we`ird") == "`we``ird`"
