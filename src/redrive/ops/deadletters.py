@@ -210,7 +210,8 @@ def make_filter(*, reasons: Sequence[str] = (), error_types: Sequence[str] = (),
 def parse_coordinates(value: str) -> tuple[int, int]:
     """PARTITION:OFFSET, as `dlt ls` prints it."""
     partition, sep, offset = value.partition(":")
-    if not sep or not partition.isdigit() or not offset.isdigit():
+    if not sep or not (partition + offset).isascii() or not partition.isdigit() \
+            or not offset.isdigit():
         raise InvalidArgument("record", value, "expected PARTITION:OFFSET such as 0:42")
     return int(partition), int(offset)
 

@@ -166,7 +166,7 @@ def _timestamps(options: Mapping[str, str], one: str, each: str, topics: Sequenc
     raw = options.get(one.lower())
     if raw is not None:
         text = str(raw).strip()
-        if not text.isdigit():
+        if not _digits(text):
             raise SourceOptionError(one, raw, "expected a timestamp in milliseconds since the "
                                     "epoch, such as 1764236400000")
         return ByTimestamp(one, text, int(text), none_found)
@@ -176,6 +176,11 @@ def _timestamps(options: Mapping[str, str], one: str, each: str, topics: Sequenc
     at = _per_partition(each, raw, topics, 'expected JSON such as {"topic": {"0": '
                         '1764236400000}}', _check_timestamp)
     return ByTimestamp(each, str(raw).strip(), at, none_found)
+
+
+def _digits(text: str) -> bool:
+    # str.isdigit() holds for digits int() refuses, such as superscripts.
+    return text.isascii() and text.isdigit()
 
 
 def _check_timestamp(value: object) -> str | None:
@@ -219,7 +224,7 @@ def _per_partition(name: str, raw: str, topics: Sequence[str], expected: str,
             raise SourceOptionError(name, raw, f"topic {topic!r}: expected an object of "
                                     "partition -> number")
         for partition, value in partitions.items():
-            if not str(partition).isdigit():
+            if not _digits(str(partition)):
                 raise SourceOptionError(name, raw, f"topic {topic!r}: partition {partition!r} "
                                         "is not a non-negative integer")
             why = check(value)

@@ -163,6 +163,11 @@ def test_schema_is_that_of_sparks_kafka_source(spark: Any, bootstrap: str) -> No
      "redrive.decodeHeaders='true': needs includeHeaders"),
     ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "startingTimestamp": "yesterday"},
      "startingTimestamp='yesterday': expected a timestamp in milliseconds"),
+    # Digits to str.isdigit(), not to int().
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "startingTimestamp": "1²"},
+     "startingTimestamp='1²': expected a timestamp in milliseconds"),
+    ({"kafka.bootstrap.servers": "x:1", "subscribe": "t", "startingOffsets": '{"t": {"²": 1}}'},
+     "partition '²' is not a non-negative integer"),
     ({"kafka.bootstrap.servers": "x:1", "subscribe": "t",
       "endingOffsetsByTimestamp": '{"t": {"0": -5}}'},
      "endingOffsetsByTimestamp='{\"t\": {\"0\": -5}}': t\\[0\\]: -5 must be"),

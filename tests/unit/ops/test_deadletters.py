@@ -121,7 +121,7 @@ def test_bad_filters_name_the_field(kwargs: dict[str, object], field: str) -> No
 
 def test_coordinates() -> None:
     assert parse_coordinates("3:1200") == (3, 1200)
-    for bad in ("3", "a:1", "1:-2", ""):
+    for bad in ("3", "a:1", "1:-2", "", "²:1", "1:³"):
         with pytest.raises(InvalidArgument, match="PARTITION:OFFSET"):
             parse_coordinates(bad)
 
