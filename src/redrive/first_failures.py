@@ -98,8 +98,9 @@ class FirstFailures:
         built.append((h.ORIGINAL_TOPIC, template.topic_name))
         built.append((h.ORIGINAL_PARTITION, b"%d" % partition))
         built.append((h.ORIGINAL_OFFSET, b"%d" % offset))
-        if timestamp_ms is not None and timestamp_ms >= 0:
-            built.append((h.ORIGINAL_TIMESTAMP, b"%d" % timestamp_ms))
+        timestamp = h.kept_time(timestamp_ms)
+        if timestamp is not None:
+            built.append((h.ORIGINAL_TIMESTAMP, b"%d" % timestamp))
         built += template.after_origin
         if reason is None:
             assert template.retry_topic is not None

@@ -119,9 +119,10 @@ def _whole_number(name: str, raw: bytes | None) -> int | None:
         value = int(raw)
     else:
         stripped = (_utf8(name, raw) or "").strip()
-        if not stripped.isascii() or not stripped.lstrip("-").isdigit():
+        digits = stripped[1:] if stripped[:1] == "-" else stripped
+        if not digits.isascii() or not digits.isdigit():
             raise MalformedHeader(name, raw, "expected a decimal integer")
-        if len(stripped.lstrip("-")) > _MAX_DIGITS:
+        if len(digits) > _MAX_DIGITS:
             # Python's int() would also refuse thousands of digits.
             raise MalformedHeader(name, raw, f"more than {_MAX_DIGITS} digits")
         value = int(stripped)
@@ -239,12 +240,17 @@ def error_fields(error: ErrorInfo, *, message_limit: int, trace_limit: int) -> d
 
 
 def origin_fields(origin: Origin) -> dict[str, str | int | None]:
-    # Kafka reports a missing timestamp as -1: leave the header out rather than write it.
-    timestamp = origin.timestamp_ms if origin.timestamp_ms is not None \
-        and origin.timestamp_ms >= 0 else None
     return {
         ORIGINAL_TOPIC: origin.topic,
         ORIGINAL_PARTITION: origin.partition,
         ORIGINAL_OFFSET: origin.offset,
-        ORIGINAL_TIMESTAMP: timestamp,
+        ORIGINAL_TIMESTAMP: kept_time(origin.timestamp_ms),
     }
+
+
+def kept_time(timestamp_ms: int | None) -> int | None:
+    """A record's timestamp as its copy's header may carry it, else None (left out). Kafka
+    reports a missing timestamp as -1; a producer stamping µs writes times past the year 9999,
+    which the header's reader refuses: the copy would come back malformed."""
+    return timestamp_ms if timestamp_ms is not None and 0 <= timestamp_ms <= MAX_TIME_MS \
+        else None

@@ -54,7 +54,8 @@ def policy_with_steady_delay(policy: RetryPolicy) -> RetryPolicy:
 @settings(max_examples=400, deadline=None)
 @given(policy=policies, error=errors, pairs=foreign_headers,
        partition=st.integers(0, 50), offset=st.integers(0, 2**62),
-       timestamp=st.sampled_from([None, -1, 0, NOW - 5]), topic=st.sampled_from(["orders", "a.b"]))
+       timestamp=st.sampled_from([None, -1, 0, NOW - 5, NOW * 1000]),
+       topic=st.sampled_from(["orders", "a.b"]))
 def test_a_first_failure_routes_as_the_general_path_does(
         policy: RetryPolicy, error: ErrorInfo, pairs: list[tuple[str, bytes]], partition: int,
         offset: int, timestamp: int | None, topic: str) -> None:
@@ -70,6 +71,20 @@ def test_a_first_failure_routes_as_the_general_path_does(
                                        and policy.header_format.value == "spring")
         return
     assert fast == general
+    h.read_delivery(fast.headers)  # a copy redrive can read back
+
+
+def test_a_timestamp_stamped_in_microseconds_is_left_out_of_the_copy() -> None:
+    """Past the year 9999 as ms: a header of it would make the copy unreadable, and its next
+    failure dead-letter it as malformed."""
+    record = Record("orders", 0, 5, NOW * 1000, b"k", b"v", [])
+    copy = route(record, ConnectionError("down"), RetryPolicy(), NOW, group="g")
+    assert isinstance(copy, Retry)
+    delivery = h.read_delivery(copy.headers)
+    assert delivery.original is not None and delivery.original.timestamp_ms is None
+    again = route(Record(copy.topic, 0, 0, NOW, b"k", b"v", copy.headers),
+                  ConnectionError("down"), RetryPolicy(), NOW, group="g")
+    assert isinstance(again, Retry) and again.attempt == 2
 
 
 def test_each_record_gets_its_own_origin_and_the_error_is_classified_once() -> None:

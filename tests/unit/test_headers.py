@@ -54,6 +54,8 @@ def test_a_record_never_failed_has_an_empty_delivery() -> None:
     ([(h.ORIGINAL_OFFSET, "٣".encode()), (h.ORIGINAL_TOPIC, b"t"),
       (h.ORIGINAL_PARTITION, b"0")], h.ORIGINAL_OFFSET),
     ([(h.DUE, b"")], h.DUE),
+    ([(h.DUE, b"--5")], h.DUE),  # int() refuses it: it must be named, not raised as ValueError
+    ([(h.ATTEMPT, b" -")], h.ATTEMPT),
     ([(h.DUE, b"\xff\xfe")], h.DUE),
     ([(h.FIRST_FAILURE, b"12:00")], h.FIRST_FAILURE),
     ([(h.ORIGINAL_TOPIC, b"orders"), (h.ORIGINAL_PARTITION, b"0")], h.ORIGINAL_OFFSET),
