@@ -29,7 +29,8 @@ def test_durations_parse(text: object, ms: int) -> None:
     assert to_ms(text, "delay") == ms  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", ["", "5x", "-5s", "five", "5 m s", -1, float("nan"), True, None])
+@pytest.mark.parametrize("bad", ["", "5x", "-5s", "five", "5 m s", -1, float("nan"), True, None,
+                                 1e306, "9" * 400 + "d"])
 def test_bad_durations_name_field_and_value(bad: object) -> None:
     with pytest.raises(InvalidArgument) as caught:
         to_ms(bad, "backoff.delay")  # type: ignore[arg-type]
@@ -107,12 +108,26 @@ def test_custom_backoff() -> None:
     (lambda: InPlace(on=TimeoutError, retries=3, backoff=Backoff.sequence("1s")),
      "in_place.retries"),
     (lambda: RetryPolicy(max_error_message_bytes=-1), "max_error_message_bytes"),
+    (lambda: Backoff.exponential(multiplier=float("inf")), "backoff.multiplier"),
+    (lambda: RetryPolicy(backoff=Backoff.exponential("1s", 10.0), attempts=400), "backoff(11)"),
+    (lambda: InPlace(on=TimeoutError, retries=3, backoff=Backoff.exponential("1h", 100_000.0)),
+     "in_place.backoff(3)"),
+    # An in-place backoff's delays are checked when the policy is made, not when one is due.
+    (lambda: InPlace(on=TimeoutError, backoff=Backoff.custom(lambda n: -5)),
+     "backoff.custom(1)"),
 ])
 def test_invalid_policies_fail_at_construction(make: object, field: str) -> None:
     with pytest.raises(InvalidPolicy) as caught:
         make()  # type: ignore[operator]
     assert caught.value.field == field
     assert field in str(caught.value)
+
+
+def test_a_capped_exponential_backoff_stays_at_its_cap_however_many_attempts() -> None:
+    # Before the cap, 3.0**799 overflows a float.
+    policy = RetryPolicy(backoff=Backoff.exponential("1s", 3.0, max="1h"), attempts=800)
+    delays = policy.retry_delays_ms()
+    assert (delays[0], delays[8], delays[-1]) == (1_000, 3_600_000, 3_600_000)
 
 
 class TransientError(Exception):

@@ -62,6 +62,19 @@ class Naming(enum.Enum):
     PER_ATTEMPT = "per-attempt"  # orders.billing.retry.2: as Spring Kafka does
 
 
+def check_delays(backoff: Backoff, retries: int, field: str) -> None:
+    """Each of the first `retries` delays of `backoff` is one a due time can be made of."""
+    for retry in range(1, retries + 1):
+        if backoff.nominal_ms(retry) < 0:
+            raise InvalidPolicy(f"{field}({retry})", backoff.nominal_ms(retry),
+                                "must not be negative")
+        if backoff.longest_ms(retry) > MAX_DELAY_MS:
+            raise InvalidPolicy(f"{field}({retry})", format_ms(backoff.longest_ms(retry)),
+                                "must be at most 36500d (100 years): a due time past the "
+                                "year 9999 cannot be written (cap an exponential backoff "
+                                "with max=)")
+
+
 @dataclass(frozen=True)
 class InPlace:
     """Errors retried in place (the partition waits) before they are retried through topics.
@@ -86,6 +99,7 @@ class InPlace:
                 and self.backoff.implied_attempts - 1 < self.retries:
             raise InvalidPolicy("in_place.retries", self.retries,
                                 f"its backoff has only {self.backoff.implied_attempts - 1} delays")
+        check_delays(self.backoff, self.retries, "in_place.backoff")
 
     @property
     def matcher(self) -> ErrorMatcher:
@@ -178,15 +192,7 @@ class RetryPolicy:
         return given
 
     def _check_delays(self) -> None:
-        for retry in range(1, self.max_attempts):
-            if self.backoff.nominal_ms(retry) < 0:
-                raise InvalidPolicy(f"backoff({retry})", self.backoff.nominal_ms(retry),
-                                    "must not be negative")
-            if self.backoff.longest_ms(retry) > MAX_DELAY_MS:
-                raise InvalidPolicy(f"backoff({retry})", format_ms(self.backoff.longest_ms(retry)),
-                                    "must be at most 36500d (100 years): a due time past the "
-                                    "year 9999 cannot be written (cap an exponential backoff "
-                                    "with max=)")
+        check_delays(self.backoff, self.max_attempts - 1, "backoff")
 
     @property
     def max_attempts(self) -> int:

@@ -111,8 +111,8 @@ class Exponential(Backoff):
                 raise InvalidPolicy(f"backoff.{name}", value, "must be a number")
         if self.initial <= 0:
             raise InvalidPolicy("backoff.initial", self.initial, "must be positive")
-        if not self.multiplier >= 1.0:
-            raise InvalidPolicy("backoff.multiplier", self.multiplier, "must be >= 1.0")
+        if not 1.0 <= self.multiplier < math.inf:
+            raise InvalidPolicy("backoff.multiplier", self.multiplier, "must be >= 1.0 and finite")
         if self.max is not None and self.max < self.initial:
             raise InvalidPolicy("backoff.max", self.max, f"must be >= initial ({self.initial})")
         if not 0.0 <= self.jitter < 1.0:
@@ -120,9 +120,15 @@ class Exponential(Backoff):
 
     def nominal_ms(self, retry: int) -> int:
         _check_retry(retry)
-        delay = self.initial * self.multiplier ** min(retry - 1, 1000)
+        try:
+            delay = self.initial * self.multiplier ** (retry - 1)
+        except OverflowError:  # float's power raises where its product would be inf
+            delay = math.inf
         if self.max is not None:
             delay = min(delay, self.max)
+        if delay == math.inf:
+            raise InvalidPolicy(f"backoff({retry})", self.describe(),
+                                "grows past any duration: cap it with max=")
         return round(delay)
 
     def delay_ms(self, retry: int) -> int:

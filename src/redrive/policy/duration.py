@@ -36,6 +36,8 @@ def to_ms(value: Duration, field: str = "duration",
         raise error(field, value, "expected a duration such as 250ms, 5s, 5m, 1h, 1d")
     if ms < 0:
         raise error(field, value, "must not be negative")
+    if ms == math.inf:  # finite, and past what a float holds once in ms
+        raise error(field, value, "too large")
     return round(ms)
 
 
