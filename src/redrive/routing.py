@@ -143,7 +143,4 @@ def _malformed(record: Record, info: ErrorInfo, policy: RetryPolicy, now_ms: int
 
 def _source_topic(record: Record, group: str) -> str:
     """The main topic a record belongs to: a retry topic's name starts with it."""
-    marker = f"{topics.SEPARATOR}{group}{topics.SEPARATOR}retry{topics.SEPARATOR}"
-    if marker in record.topic:
-        return record.topic.split(marker, 1)[0]
-    return record.topic
+    return topics.retried_topic(record.topic, group) or record.topic

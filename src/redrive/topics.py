@@ -31,7 +31,7 @@ log = logging.getLogger("redrive.topics")
 SEPARATOR = "."
 # What follows `<topic>.<group>.retry.`: a delay as format_ms spells it, or an attempt number.
 _RETRY_SUFFIX = re.compile(r"[0-9]+(?:ms|s|m|h|d)?")
-_LEGAL = re.compile(r"^[A-Za-z0-9._-]+$")
+_LEGAL = re.compile(r"[A-Za-z0-9._-]+")
 MAX_TOPIC_LENGTH = 249
 
 
@@ -39,8 +39,10 @@ def check_name(field: str, value: str) -> str:
     """Topic and group names become parts of topic names, so they must be legal there."""
     if not isinstance(value, str) or not value:
         raise InvalidArgument(field, value, "must be a non-empty string")
-    if not _LEGAL.match(value):
+    if not _LEGAL.fullmatch(value):  # match() and $ would take a name ending in a newline
         raise InvalidArgument(field, value, "may contain only letters, digits, '.', '_' and '-'")
+    if value in (".", ".."):
+        raise InvalidArgument(field, value, "is not a name Kafka takes")
     if len(value) > MAX_TOPIC_LENGTH:
         raise InvalidArgument(field, value, f"is longer than {MAX_TOPIC_LENGTH} characters")
     return value

@@ -101,6 +101,19 @@ def test_malformed_headers_are_dead_lettered_and_kept(bad: list[tuple[str, bytes
     assert ("user", b"1") in decision.headers
 
 
+@pytest.mark.parametrize(("topic", "dead_letter"), [
+    ("a.billing.retry.b", "a.billing.retry.b.billing.dlt"),  # a main topic named so
+    ("a.billing.retry.b.billing.retry.5m", "a.billing.retry.b.billing.dlt"),
+    ("orders.billing.retry.2", "orders.billing.dlt"),
+])
+def test_a_malformed_record_goes_to_its_own_main_topics_dead_letter_topic(
+        topic: str, dead_letter: str) -> None:
+    record = Record(topic, 0, 1, NOW, b"k", b"v", [(h.ATTEMPT, b"x")])
+    decision = route(record, RuntimeError("whatever"), POLICY, NOW, group="billing")
+    assert isinstance(decision, DeadLetter) and decision.reason == "malformed"
+    assert decision.topic == dead_letter
+
+
 def test_malformed_error_from_the_runtime_is_dead_lettered() -> None:
     decision = route(fresh(), MalformedHeader("x-schema", b"?", "unknown schema"), POLICY, NOW,
                      group="billing")

@@ -51,6 +51,8 @@ def test_no_dead_letter_topic_when_off() -> None:
 @pytest.mark.parametrize(("topic", "group", "field"), [
     ("orders", "bil ling", "group"), ("", "g", "topic"), ("ord/ers", "g", "topic"),
     ("o" * 240, "group", "retry topic"),
+    ("orders\n", "g", "topic"), ("orders", "g\n", "group"), (".", "g", "topic"),
+    ("..", "g", "topic"),
 ])
 def test_illegal_names_are_rejected(topic: str, group: str, field: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
