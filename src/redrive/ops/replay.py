@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException, Message, Producer
 
 from redrive import headers as h
 from redrive import kafka, topics
@@ -350,6 +350,20 @@ def replays_of(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [_summary(entry), *reversed(entry.get("history", []))]
 
 
+def _entry(message: Message, key: str, value: bytes) -> dict[str, Any]:
+    """A log entry; one that is not redrive's (written by hand or by another tool) stops the
+    replay: skipped, its record could be published twice."""
+    try:
+        entry = json.loads(value)
+    except ValueError:
+        entry = None
+    if not isinstance(entry, dict):
+        raise ReplayFailed(f"{REPLAY_LOG}[{message.partition()}]@{message.offset()} (key "
+                           f"{key!r}) is not a replay log entry: {value[:80]!r}; rather than "
+                           "risk publishing its record twice, nothing is replayed")
+    return entry
+
+
 def read_log(connection: kafka.Connection, dlt_topic: str | None = None,
              timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, dict[str, Any]]:
     """The replay log's entries (of `dlt_topic` only, if given), latest per key."""
@@ -366,7 +380,7 @@ def read_log(connection: kafka.Connection, dlt_topic: str | None = None,
                 if value is None:
                     entries.pop(key, None)  # a tombstone: the entry was deleted
                 else:
-                    entries[key] = json.loads(value)
+                    entries[key] = _entry(message, key, value)
     except RangeReadFailed as exc:
         # A partial log would let a record be published twice.
         raise ReplayFailed(f"could not read {REPLAY_LOG} to its end: {exc}") from exc

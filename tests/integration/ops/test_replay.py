@@ -178,3 +178,18 @@ def test_dry_run_replay_plans_the_first_retry_topic_of_an_exponential_policy(
     assert dry.stdout.splitlines()[2].split() == ["0:0", first]
     assert "would replay 1 of 1 selected" in dry.stdout
     assert topic_sizes(bootstrap, *plan.created_topics) == before
+
+
+def test_a_log_entry_that_is_not_redrives_stops_the_replay_naming_it(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    topic, group = new_topic(), unique_name("bad-log")
+    dlt = new_topic()
+    produce_records(bootstrap, dlt, [(b"k", b"v", [
+        (h.REASON, b"exhausted"), (h.ATTEMPT, b"2"), (h.GROUP, group.encode()),
+        (h.ORIGINAL_TOPIC, topic.encode()), (h.ORIGINAL_PARTITION, b"0"),
+        (h.ORIGINAL_OFFSET, b"0")])])
+    produce_records(bootstrap, REPLAY_LOG, [(f"{dlt}/0/0".encode(), b"not json {", [])])
+    done = run_cli("dlt", "replay", "-b", bootstrap, "--dlt-topic", dlt, "--to", "original")
+    assert done.exit_code == 2, done.output
+    assert f"(key '{dlt}/0/0') is not a replay log entry: b'not json {{'" in done.stderr
+    assert topic_sizes(bootstrap, topic)[topic] == 0  # nothing published
