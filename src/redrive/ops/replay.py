@@ -350,7 +350,7 @@ def replays_of(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [_summary(entry), *reversed(entry.get("history", []))]
 
 
-def _entry(message: Message, key: str, value: bytes) -> dict[str, Any]:
+def _read_entry(message: Message, key: str, value: bytes) -> dict[str, Any]:
     """A log entry; one that is not redrive's (written by hand or by another tool) stops the
     replay: skipped, its record could be published twice."""
     try:
@@ -380,7 +380,7 @@ def read_log(connection: kafka.Connection, dlt_topic: str | None = None,
                 if value is None:
                     entries.pop(key, None)  # a tombstone: the entry was deleted
                 else:
-                    entries[key] = _entry(message, key, value)
+                    entries[key] = _read_entry(message, key, value)
     except RangeReadFailed as exc:
         # A partial log would let a record be published twice.
         raise ReplayFailed(f"could not read {REPLAY_LOG} to its end: {exc}") from exc
