@@ -141,6 +141,23 @@ def dead_letter_name(topic: str, group: str) -> str:
     return SEPARATOR.join((topic, group, "dlt"))
 
 
+def dead_letter_owner(name: str, existing: Collection[str]) -> tuple[str, str] | None:
+    """The (main topic, group) whose dead-letter topic `name` is by redrive's naming, or None.
+
+    Topic and group names may both hold dots, so `orders.billing.v2.dlt` is of orders and group
+    billing.v2, or of orders.billing and group v2: the split whose main topic is among
+    `existing` wins, else the last dot. (Their retry topics share their names too.)
+    """
+    stem = name.removesuffix(SEPARATOR + "dlt")
+    if stem == name:
+        return None
+    splits = [(stem[:at], stem[at + 1:]) for at in range(1, len(stem) - 1)
+              if stem[at] == SEPARATOR]
+    present = [(topic, group) for topic, group in splits if topic in existing]
+    choices = present or splits
+    return choices[-1] if choices else None
+
+
 PIPELINE_LEDGER_PREFIX = "redrive.pipeline."
 
 

@@ -126,3 +126,21 @@ def test_a_store_keeping_references_holds_the_main_topic_to_every_delay_added_up
         assert StoreBackend(store).bind("g").waits(plans) == {}
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(("existing", "owner"), [
+    # A group name with a dot: its main topic is the one on the cluster.
+    ({"orders", "orders.billing.v2.dlt"}, ("orders", "billing.v2")),
+    ({"orders.billing", "orders.billing.v2.dlt"}, ("orders.billing", "v2")),
+    # Nothing tells them apart: the last dot.
+    (set(), ("orders.billing", "v2")),
+    ({"orders", "orders.billing"}, ("orders.billing", "v2")),
+])
+def test_a_dead_letter_topic_is_told_to_its_topic_and_group(
+        existing: set[str], owner: tuple[str, str]) -> None:
+    assert topics.dead_letter_owner("orders.billing.v2.dlt", existing) == owner
+
+
+def test_a_topic_not_named_as_a_dead_letter_topic_has_no_owner() -> None:
+    for name in ("orders.dlt", "orders.billing", ".dlt", "a..dlt"):
+        assert topics.dead_letter_owner(name, {"orders", "a"}) is None, name

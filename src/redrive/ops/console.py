@@ -205,9 +205,8 @@ class Console:
                 for partition in range(counts[name]):
                     low, high = kafka.watermarks(consumer, name, partition, self.timeout_s)
                     size += high - low
-                stem = name[:-len(_DLT_SUFFIX)]
-                topic, _, group = stem.rpartition(topics.SEPARATOR)
-                found.append(DeadLetterTopic(name, topic or None, group if topic else None, size))
+                topic, group = topics.dead_letter_owner(name, counts) or (None, None)
+                found.append(DeadLetterTopic(name, topic, group, size))
             return found
         finally:
             consumer.close()
@@ -390,12 +389,12 @@ class Console:
                                       f"{dlt}[{partition}] holds no record")
 
     def _first_retry_topic(self, dlt: str) -> str:
-        stem = dlt[:-len(_DLT_SUFFIX)] if dlt.endswith(_DLT_SUFFIX) else ""
-        topic, _, group = stem.rpartition(topics.SEPARATOR)
-        if not topic:
+        existing = kafka.topic_partitions(kafka.admin(self.connection), self.timeout_s)
+        owner = topics.dead_letter_owner(dlt, existing)
+        if owner is None:
             raise InvalidArgument("to", TO_RETRY, f"{dlt} is not named <topic>.<group>.dlt, so "
                                   "its group's retry topics are unknown: replay to 'original'")
-        existing = kafka.topic_partitions(kafka.admin(self.connection), self.timeout_s)
+        topic, group = owner
         found = discover_retry_topics(existing, topic, group)
         if not found:
             raise InvalidArgument("to", TO_RETRY, f"group {group} of {topic} has no retry topic "

@@ -304,6 +304,18 @@ def test_the_overview_counts_the_last_hour_and_day_by_reason_and_rates(
     assert "at least" not in row.split('class="dead-hour">', 1)[1].split("</td>", 1)[0]
 
 
+def test_a_group_whose_name_holds_a_dot_is_told_from_its_topic(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    topic, group = new_topic(), unique_name("billing") + ".v2"
+    retry = new_topic(name=f"{topic}.{group}.retry.5s")
+    dlt = new_topic(name=f"{topic}.{group}.dlt")
+    written(bootstrap, [(retry, 0, 3, []), (dlt, 0, 2, dead("exhausted"))], now_ms())
+    found = {g["dead_letter_topic"]: g for g in client(bootstrap).get("/api/groups").json()}[dlt]
+    # Split at its last dot, the name read as topic `<topic>.billing-...` and group `v2`.
+    assert (found["topic"], found["group"], found["problem"]) == (topic, group, None)
+    assert found["activity"]["dead_letters"]["hour"] == 1
+
+
 def story(origin: str, offset: int) -> list[tuple[str, bytes]]:
     """A dead letter's headers naming the record it came from, so that it can be replayed."""
     return [*dead("exhausted"), (h.ORIGINAL_TOPIC, origin.encode()),
