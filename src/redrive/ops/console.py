@@ -277,12 +277,13 @@ class Console:
 
     def replays(self, dlt: str | None = None) -> list[dict[str, Any]]:
         """The replay log's entries (of one dead-letter topic, if given), newest first."""
-        entries = list(read_log(self.connection, dlt, self.timeout_s).values())
+        entries = list(read_log(self.connection, dlt, self.timeout_s, strict=False).values())
         return sorted(entries, key=lambda entry: entry.get("when_ms", 0), reverse=True)
 
     def record_replays(self, dlt: str, partition: int, offset: int) -> list[dict[str, Any]]:
         """Every replay of one record the replay log keeps, newest first."""
-        entry = read_log(self.connection, dlt, self.timeout_s).get(log_key(dlt, partition, offset))
+        entry = read_log(self.connection, dlt, self.timeout_s, strict=False).get(
+            log_key(dlt, partition, offset))
         return [] if entry is None else replays_of(entry)
 
     def letters(self, dlt: str, selection: Selection) -> list[DeadLetterRecord]:
@@ -353,7 +354,8 @@ class Console:
     def replay(self, request: ReplayRequest) -> ReplayReport:
         coordinates = frozenset(parse_coordinates(value) for value in request.records)
         if coordinates:
-            self._check_places(request.dlt, coordinates)
+            Reader(self.connection, request.dlt, self.timeout_s).check_records(coordinates,
+                                                                               "records")
         to_topic = None
         if request.to == TO_RETRY:
             to_topic = self._first_retry_topic(request.dlt)
@@ -373,20 +375,6 @@ class Console:
         return replay(self.connection, request.dlt, to=request.to, to_topic=to_topic,
                       selection=selection, dry_run=request.dry_run, rate=request.rate,
                       again=request.again, actor="redrive ui", timeout_s=self.timeout_s)
-
-    def _check_places(self, dlt: str, places: frozenset[tuple[int, int]]) -> None:
-        """Refuse a named record the topic cannot hold (a replay of it would select nothing
-        and read as done)."""
-        reader = Reader(self.connection, dlt, self.timeout_s)
-        marks = reader.marks()
-        for partition, offset in sorted(places):
-            reader.check_partition(partition, "records", f"{partition}:{offset}")
-            low, high = marks[partition]
-            if not low <= offset < high:
-                raise InvalidArgument("records", f"{partition}:{offset}",
-                                      f"{dlt}[{partition}] holds no record there (offsets "
-                                      f"{low}..{high - 1})" if high > low else
-                                      f"{dlt}[{partition}] holds no record")
 
     def _first_retry_topic(self, dlt: str) -> str:
         existing = kafka.topic_partitions(kafka.admin(self.connection), self.timeout_s)

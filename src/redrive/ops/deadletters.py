@@ -8,7 +8,7 @@ one bad record never hides the rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -284,6 +284,19 @@ class Reader:
         if not 0 <= partition < self._partitions:
             raise InvalidArgument(field, value,
                                   f"{self.topic} has partitions 0..{self._partitions - 1}")
+
+    def check_records(self, places: Iterable[tuple[int, int]], field: str) -> None:
+        """Refuse a named record the topic cannot hold (a replay of it would select nothing
+        and read as done), naming the field it was given as."""
+        marks = self.marks()
+        for partition, offset in sorted(places):
+            self.check_partition(partition, field, f"{partition}:{offset}")
+            low, high = marks[partition]
+            if not low <= offset < high:
+                raise InvalidArgument(field, f"{partition}:{offset}",
+                                      f"{self.topic}[{partition}] holds no record there "
+                                      f"(offsets {low}..{high - 1})" if high > low else
+                                      f"{self.topic}[{partition}] holds no record")
 
     def one(self, partition: int, offset: int) -> DeadLetterRecord:
         """The record at partition:offset; raises InvalidArgument if there is none."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import socket
 import time
 import uuid
@@ -31,7 +32,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaException, Message, Producer
+from confluent_kafka import KafkaException, Producer
 
 from redrive import headers as h
 from redrive import kafka, topics
@@ -42,6 +43,8 @@ from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
 from redrive.ops.deadletters import DeadLetterFilter, DeadLetterRecord, Reader
 from redrive.policy import RetryPolicy
+
+log = logging.getLogger("redrive.ops.replay")
 
 REPLAY_LOG = "redrive.replays"
 LOG_CONFIG = {"cleanup.policy": "compact"}
@@ -177,6 +180,8 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
     if to_topic is not None and to_topic not in counts:
         raise UnknownTopic(to_topic)
     reader = Reader(connection, dlt_topic, timeout_s)
+    if selection is not None and selection.coordinates:
+        reader.check_records(selection.coordinates, "record")
     report = ReplayReport(dry_run=dry_run)
     records = list(reader.records(selection or DeadLetterFilter()))
     report.selected = len(records)
@@ -350,23 +355,21 @@ def replays_of(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [_summary(entry), *reversed(entry.get("history", []))]
 
 
-def _read_entry(message: Message, key: str, value: bytes) -> dict[str, Any]:
-    """A log entry; one that is not redrive's (written by hand or by another tool) stops the
-    replay: skipped, its record could be published twice."""
+def _read_entry(value: bytes) -> dict[str, Any] | None:
+    """A log entry, or None for a value that is not one (written by hand or by another tool)."""
     try:
         entry = json.loads(value)
     except ValueError:
-        entry = None
-    if not isinstance(entry, dict):
-        raise ReplayFailed(f"{REPLAY_LOG}[{message.partition()}]@{message.offset()} (key "
-                           f"{key!r}) is not a replay log entry: {value[:80]!r}; rather than "
-                           "risk publishing its record twice, nothing is replayed")
-    return entry
+        return None
+    return entry if isinstance(entry, dict) else None
 
 
 def read_log(connection: kafka.Connection, dlt_topic: str | None = None,
-             timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, dict[str, Any]]:
-    """The replay log's entries (of `dlt_topic` only, if given), latest per key."""
+             timeout_s: float = DEFAULT_TIMEOUT_S, *,
+             strict: bool = True) -> dict[str, dict[str, Any]]:
+    """The replay log's entries (of `dlt_topic` only, if given), latest per key. An entry
+    that is not redrive's raises ReplayFailed; not `strict` (for a listing) it is logged and
+    left out."""
     counts = kafka.topic_partitions(kafka.admin(connection), timeout_s)
     if REPLAY_LOG not in counts:
         return {}
@@ -379,8 +382,16 @@ def read_log(connection: kafka.Connection, dlt_topic: str | None = None,
                 value = message.value()
                 if value is None:
                     entries.pop(key, None)  # a tombstone: the entry was deleted
+                elif (entry := _read_entry(value)) is not None:
+                    entries[key] = entry
                 else:
-                    entries[key] = _read_entry(message, key, value)
+                    bad = (f"{REPLAY_LOG}[{message.partition()}]@{message.offset()} (key "
+                           f"{key!r}) is not a replay log entry: {value[:80]!r}")
+                    if strict:  # skipped, its record could be published twice
+                        raise ReplayFailed(f"{bad}; rather than risk publishing its record "
+                                           "twice, nothing is replayed")
+                    log.warning("%s; left out", bad)
+                    entries.pop(key, None)
     except RangeReadFailed as exc:
         # A partial log would let a record be published twice.
         raise ReplayFailed(f"could not read {REPLAY_LOG} to its end: {exc}") from exc

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 
 from confluent_kafka.admin import ConfigResource, ResourceType
+from fastapi.testclient import TestClient
 
 from redrive import headers as h
 from redrive import kafka, topics
@@ -14,6 +15,7 @@ from redrive.consumer import RetryingConsumer
 from redrive.metrics import Metrics
 from redrive.ops.deadletters import make_filter
 from redrive.ops.replay import REPLAY_LOG, TO_ORIGINAL, read_log, replay
+from redrive.ops.web import create_app
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 
@@ -193,3 +195,23 @@ def test_a_log_entry_that_is_not_redrives_stops_the_replay_naming_it(
     assert done.exit_code == 2, done.output
     assert f"(key '{dlt}/0/0') is not a replay log entry: b'not json {{'" in done.stderr
     assert topic_sizes(bootstrap, topic)[topic] == 0  # nothing published
+    # A listing leaves it out, and lists the rest.
+    listed = TestClient(create_app(bootstrap, timeout_s=5.0)).get(f"/api/replays?dlt={dlt}")
+    assert listed.status_code == 200 and listed.json() == []
+
+
+def test_a_named_record_the_topic_does_not_hold_is_refused_naming_it(
+        bootstrap: str, new_topic: NewTopic) -> None:
+    topic, dlt = new_topic(), new_topic()
+    produce_records(bootstrap, dlt, [(b"k", b"v", [
+        (h.REASON, b"exhausted"), (h.GROUP, b"g"), (h.ORIGINAL_TOPIC, topic.encode()),
+        (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"0")])])
+    base = ["dlt", "replay", "-b", bootstrap, "--dlt-topic", dlt, "--to", "original"]
+    for record, why in [("7:0", f"{dlt} has partitions 0..0"),
+                        ("0:99", f"{dlt}[0] holds no record there (offsets 0..0)")]:
+        done = run_cli(*base, "--record", record)
+        assert done.exit_code == 2, done.output
+        assert f"invalid record='{record}': {why}" in done.stderr
+    done = run_cli(*base, "--record", "0:0")
+    assert done.exit_code == 0, done.output
+    assert [r.value for r in read_all(bootstrap, topic, expect=1)] == [b"v"]
