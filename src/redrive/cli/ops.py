@@ -16,6 +16,7 @@ import click
 from redrive import kafka, topics
 from redrive.cli import formatting
 from redrive.cli.options import (
+    Seconds,
     bootstrap_option,
     policy_from_options,
     policy_options,
@@ -51,7 +52,7 @@ def _connect(bootstrap: str) -> kafka.Connection:
 
 _connection_options = with_options([
     bootstrap_option,
-    click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+    click.option("--timeout", "timeout_s", type=Seconds(most=3600),
                  default=10.0, show_default=True,
                  help="Seconds to wait for the broker before giving up."),
 ])

@@ -51,6 +51,26 @@ class Setting(click.ParamType):  # type: ignore[type-arg]
 SETTING = Setting()
 
 
+class Seconds(click.ParamType):  # type: ignore[type-arg]
+    """A wait in seconds: above 0, finite, at most `most` (librdkafka's waits are ms in 32
+    bits, and click's FloatRange takes nan)."""
+
+    name = "SECONDS"
+
+    def __init__(self, most: float) -> None:
+        self.most = most
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not 0 < seconds <= self.most:  # nan fails it too
+            self.fail(f"{value!r}: expected seconds above 0, at most {self.most:g}", param, ctx)
+        return seconds
+
+
 def settings(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     """Repeated KEY=VALUE options as a config mapping; a later KEY wins."""
     return dict(pairs)
