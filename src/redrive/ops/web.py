@@ -102,13 +102,17 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
     def problem(request: Request, error: Exception, status: int) -> HTMLResponse:
         return page(request, "problem.html", status, message=str(error))
 
-    @app.exception_handler(BrokerUnavailable)
+    @app.exception_handler(RedriveError)
     @app.exception_handler(KafkaException)
     def cluster_down(request: Request, error: Exception) -> Response:
-        # Any page or call that reads the cluster: 503 naming the brokers, not a 500.
+        # Any page or call that reads the cluster: 503 naming the brokers (or the read that
+        # failed, or the replay refused), not a 500. Bad input not already answered: 400, 404.
+        status = 400 if isinstance(error, InvalidArgument) else \
+            404 if isinstance(error, UnknownTopic) else 503
         if request.url.path.startswith("/api/"):
-            return JSONResponse({"detail": f"the cluster cannot be read: {error}"}, 503)
-        return problem(request, error, 503)
+            detail = f"the cluster cannot be read: {error}" if status == 503 else str(error)
+            return JSONResponse({"detail": detail}, status)
+        return problem(request, error, status)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def overview(request: Request) -> HTMLResponse:
