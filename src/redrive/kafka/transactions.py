@@ -6,7 +6,8 @@ that each failure is handled one way:
 
 - an error the transaction can be aborted after: it is aborted, nothing of it becomes visible to
   read_committed readers, and `TransactionAborted` tells the caller to rewind and try again;
-- a retriable error while committing: the commit is tried again, as librdkafka asks;
+- a retriable error while committing: the commit is resumed, as librdkafka asks, until it
+  commits or fails otherwise (see `_commit`);
 - a fatal error (the producer's idempotence state is lost, as after a broker restart:
   OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID): the producer cannot go on, so a new one is
   made with the same transactional id. Its initialisation fences the old epoch and aborts what
@@ -50,8 +51,6 @@ ProducerFactory = Callable[..., Producer]
 # Error codes meaning that another producer took this transactional id over.
 _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                      KafkaError.INVALID_PRODUCER_EPOCH})
-# How often a commit that failed with a retriable error is tried again before giving up.
-_COMMIT_TRIES = 3
 _REQUEST_TIMEOUT = "socket.timeout.ms"
 
 
@@ -180,20 +179,32 @@ class TransactionalProducer:
             log.warning("closing the producer of %s: %s", self.transactional_id, error.str())
 
     def _commit(self, producer_: Producer) -> None:
-        for attempt in range(1, _COMMIT_TRIES + 1):
+        """Commit, resuming the commit after each retriable error for as long as it takes (an
+        outage): librdkafka goes on committing in the background meanwhile, and an abort would
+        fail as conflicting with it, while the broker may commit it all the same; the caller,
+        told it was aborted, would then write the transaction's records a second time. Only a
+        stop gives up, with the outcome unknown: the caller ends, and its successor reads on
+        from whatever offsets the transaction left committed."""
+        failures = 0
+        while True:
             # Serves the producer's error callback, which commit_transaction does not: an outage
             # is then known (a runtime's BrokerHealth) while this call waits it out.
             producer_.poll(0)
             try:
                 producer_.commit_transaction(self._timeout_s)
+                if failures > 1:
+                    log.warning("the transaction of %s committed after %d tries",
+                                self.transactional_id, failures + 1)
                 return
             except KafkaException as exc:
                 error = exc.args[0]
                 if not (isinstance(error, KafkaError) and error.retriable()) \
-                        or attempt == _COMMIT_TRIES or self._stopping.is_set():
+                        or self._stopping.is_set():
                     raise
-                log.warning("committing the transaction of %s failed (%s); trying again",
-                            self.transactional_id, error.str())
+                failures += 1
+                (log.warning if failures == 1 else log.debug)(
+                    "committing the transaction of %s failed (%s); trying again",
+                    self.transactional_id, error.str())
 
     def _abort(self, producer_: Producer) -> None:
         try:

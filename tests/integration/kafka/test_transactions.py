@@ -88,10 +88,10 @@ def written(bootstrap: str, topic: str) -> list[str]:
     return values_of(read_partition(bootstrap, topic, 0, isolation="read_uncommitted"))
 
 
-def failing_once(error: KafkaError, made: list[Producer]) -> ProducerFactory:
-    """A `make=` factory whose producers' first commit_transaction (across all of them) sends the
-    transaction's records to the broker and then fails with `error`."""
-    left = [1]
+def failing_once(error: KafkaError, made: list[Producer], times: int = 1) -> ProducerFactory:
+    """A `make=` factory whose producers' first commit_transaction (across all of them; the
+    first `times`) sends the transaction's records to the broker and then fails with `error`."""
+    left = [times]
 
     class FailingProducer(Producer):
         def commit_transaction(self, *args: Any) -> None:
@@ -248,6 +248,27 @@ def test_a_retriable_commit_error_is_tried_again_and_commits_once(
         assert transactions.renewed == 0 and len(made) == 1
         assert [r.getMessage() for r in caplog.records] == [
             f"committing the transaction of {transactional_id} failed (injected); trying again"]
+    finally:
+        transactions.close()
+        group.close()
+
+
+def test_a_commit_failing_as_retriable_for_long_is_resumed_until_it_commits_not_aborted(
+        bootstrap: str, topics: tuple[str, str], unique_name: UniqueName) -> None:
+    """Given up after some tries, the abort conflicted with the commit librdkafka was still
+    completing, and the caller, told the transaction aborted, wrote it again."""
+    source, sink = topics
+    group = Group(bootstrap, unique_name("group"), source, 3)
+    made: list[Producer] = []
+    injected = KafkaError(KafkaError._TIMED_OUT, "injected", retriable=True)
+    transactions = TransactionalProducer(bootstrap, unique_name("txn"),
+                                         make=failing_once(injected, made, times=6))
+    try:
+        transactions.start()
+        transactions.commit(out_records(sink, ["only"]), group.offsets(), group.metadata())
+        assert visible(bootstrap, sink) == ["only"]
+        assert group.committed() == [3]
+        assert transactions.renewed == 0 and len(made) == 1
     finally:
         transactions.close()
         group.close()
