@@ -128,12 +128,16 @@ class Committer:
         producer = self._copies_producer()
         for record in out:
             try:
-                kafka.produce(producer, record, pending.on_delivery, shrink=slimmed)
+                kafka.produce(producer, record, pending.on_delivery, shrink=slimmed,
+                              wait_s=self._timeout_s)
             except KafkaException as exc:
                 if not producer_failed(exc):
                     raise
                 pending.fail(DeliveryFailed(record.topic, record.partition, str(exc.args[0]),
                                             fatal=True))
+                break
+            except DeliveryFailed as exc:  # no room in the queue: no broker takes records
+                pending.fail(exc)
                 break
             pending.sent()
         self._pipeline.add(pending)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -18,8 +19,13 @@ Shrink = Callable[[OutRecord], OutRecord]
 
 
 def produce(producer_: Producer, record: OutRecord,
-            on_delivery: Any = None, *, shrink: Shrink | None = None) -> None:
-    """Queue one record, waiting for queue space instead of failing when the local queue is full.
+            on_delivery: Any = None, *, shrink: Shrink | None = None,
+            wait_s: float | None = None) -> None:
+    """Queue one record, waiting for queue space instead of failing when the local queue is full:
+    at most `wait_s` (None: as long as it takes), then DeliveryFailed (unanswered). While no
+    broker answers, the queue frees only as librdkafka expires its records, after
+    message.timeout.ms (five minutes by default), which would hold the caller, and its stop,
+    that long.
 
     A record the producer refuses as too large (over its `message.max.bytes`) raises
     RecordTooLarge, or, with `shrink`, goes out as `shrink` makes it smaller (which raises
@@ -27,6 +33,7 @@ def produce(producer_: Producer, record: OutRecord,
     partition = record.partition if record.partition is not None and record.partition >= 0 \
         else -1  # librdkafka's "unassigned": the key decides
     headers = record.headers if type(record.headers) is list else list(record.headers)
+    give_up_at: float | None = None
     while True:
         try:
             producer_.produce(record.topic, value=record.value, key=record.key,
@@ -34,6 +41,15 @@ def produce(producer_: Producer, record: OutRecord,
                               timestamp=record.timestamp_ms or 0, headers=headers)
             return
         except BufferError:
+            if wait_s is not None:
+                now = time.monotonic()
+                if give_up_at is None:
+                    give_up_at = now + wait_s
+                elif now >= give_up_at:
+                    raise DeliveryFailed(record.topic, record.partition,
+                                         f"the producer's queue stayed full for {wait_s:g}s: "
+                                         "the brokers are not taking records",
+                                         unanswered=True) from None
             producer_.poll(0.05)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
@@ -69,7 +85,8 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
     for index, record in enumerate(records):
         results.append(None)
         topics.append(record.topic)
-        produce(producer_, record, callback_for(index, record.topic), shrink=shrink)
+        produce(producer_, record, callback_for(index, record.topic), shrink=shrink,
+                wait_s=timeout_s)
     remaining = _flush(producer_, timeout_s, topics[0] if topics else "<none>")
     if failures:
         raise failures[0]
@@ -101,7 +118,7 @@ def produce_acked(producer_: Producer, records: Iterable[OutRecord],
     for record in records:
         if not sent:
             first_topic = record.topic
-        produce(producer_, record, on_delivery, shrink=shrink)
+        produce(producer_, record, on_delivery, shrink=shrink, wait_s=timeout_s)
         sent += 1
     remaining = _flush(producer_, timeout_s, first_topic)
     if failures:
@@ -134,7 +151,8 @@ def produce_each(producer_: Producer, records: Sequence[OutRecord], timeout_s: f
 
     for index, record in enumerate(records):
         try:
-            produce(producer_, record, callback_for(index, record.topic), shrink=shrink)
+            produce(producer_, record, callback_for(index, record.topic), shrink=shrink,
+                    wait_s=timeout_s)
         except RecordTooLarge as exc:
             outcomes[index] = exc
             waiting -= 1

@@ -118,7 +118,7 @@ class TransactionalProducer:
         (`shrink`: as `produce` takes it)."""
         def body(producer_: Producer) -> None:
             for record in records:
-                produce(producer_, record, shrink=shrink)
+                produce(producer_, record, shrink=shrink, wait_s=self._timeout_s)
 
         self.run(body, offsets, group_metadata)
 

@@ -1,15 +1,18 @@
-"""produce_confirmed when librdkafka fails the producer while serving its delivery reports."""
+"""produce_confirmed when librdkafka fails the producer while serving its delivery reports, and
+when its queue stays full because no broker answers."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from redrive import kafka
 from redrive.errors import DeliveryFailed
 from redrive.kafka import OutRecord
-from redrive.kafka.produce import produce_confirmed, producer_failed
+from redrive.kafka.produce import produce_acked, produce_confirmed, produce_each, producer_failed
 
 
 class FailingFlush:
@@ -54,3 +57,17 @@ def test_any_other_system_error_is_raised_as_it_is() -> None:
     with pytest.raises(SystemError):
         produce_confirmed(FailingFlush(ValueError("a bug")),  # type: ignore[arg-type]
                           [OutRecord("t", b"1")])
+
+
+@pytest.mark.parametrize("produce_all", [produce_confirmed, produce_acked, produce_each])
+def test_a_queue_that_stays_full_fails_within_the_timeout(produce_all: Any) -> None:
+    # Nothing listens there: the queue of 5 frees only as records expire, after 8 s (5 min by
+    # default), which held each call that long whatever its timeout.
+    producer = kafka.producer("127.0.0.1:1", overrides={"queue.buffering.max.messages": 5,
+                                                         "message.timeout.ms": 8000})
+    started = time.monotonic()
+    with pytest.raises(DeliveryFailed, match="the producer's queue stayed full for 1s") as caught:
+        produce_all(producer, [OutRecord("t", b"v%d" % i) for i in range(12)], timeout_s=1.0)
+    assert caught.value.unanswered
+    assert time.monotonic() - started < 4
+    producer.purge()
