@@ -136,11 +136,12 @@ class BrokerHealth:
                 return
             self._announced = True
             self.outages += 1
+            # Set with the state it shows: an ok() between the two would otherwise be undone.
+            if self._gauge is not None:
+                self._gauge.broker_up(False)
         log.error("%s: the brokers cannot be reached (%s); carrying on without committing "
                   "anything unconfirmed, and checking again at growing intervals", self.who,
                   self._why)
-        if self._gauge is not None:
-            self._gauge.broker_up(False)
 
     def failed(self, exc: BaseException) -> bool:
         """Whether `exc` (from a request), or an exception it was raised from, says the broker
@@ -170,10 +171,10 @@ class BrokerHealth:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            if announced and self._gauge is not None:
+                self._gauge.broker_up(True)
         if announced:
             log.warning("%s: the brokers answer again after %.1fs", self.who, lasted)
-            if self._gauge is not None:
-                self._gauge.broker_up(True)
 
     def tick(self, client: Probed) -> None:
         """Call it from the runtime's loop at each turn. While down, when the next check is

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from typing import Any
 
@@ -207,3 +208,39 @@ def test_a_producer_failed_for_good_is_recognised_without_the_fatal_flag(code: i
     except SystemError as raised:
         assert producer_failed(raised)
     assert not producer_failed(SystemError("unrelated"))
+
+
+def test_an_outage_ending_while_it_is_announced_leaves_the_gauge_up() -> None:
+    """The announcing timer held inside its log line (as a slow log handler would) while the
+    outage ends: the gauge must end as the health does, up."""
+    class Gauge:
+        up: bool | None = None
+
+        def broker_up(self, up: bool) -> None:
+            self.up = up
+
+    in_log, go_on = threading.Event(), threading.Event()
+
+    class Slow(logging.Handler):
+        def createLock(self) -> None:
+            self.lock = None  # type: ignore[assignment]  # a lock would serialise the threads
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("group race: the brokers cannot be reached"):
+                in_log.set()
+                go_on.wait(5)
+
+    gauge = Gauge()
+    health = BrokerHealth("group race", gauge)
+    handler = Slow()
+    logger = logging.getLogger("redrive.kafka.health")
+    logger.addHandler(handler)
+    try:
+        health.trouble("all brokers down")
+        assert in_log.wait(5)
+        health.ok()
+        go_on.set()
+        time.sleep(0.2)
+    finally:
+        logger.removeHandler(handler)
+    assert not health.down and gauge.up is True
