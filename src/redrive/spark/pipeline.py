@@ -323,8 +323,16 @@ class RetryPipeline:
 
         On SIGTERM the pipeline lets the batch in progress finish before stopping the query, so
         the checkpoint and the Kafka commits stay in step.
+
+        Run again once it returned (a scheduled job's next run), it starts a new query from the
+        checkpoint, and `stats` then count that run alone.
         """
-        query = self._query or self.start()
+        query = self._query
+        if query is None or not query.isActive:
+            if query is not None:  # the last run's query ended: this is a new run
+                self.stats = PipelineStats()
+                self._stopping.clear()
+            query = self.start()
         self._running = True
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:

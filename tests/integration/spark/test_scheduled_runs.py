@@ -103,6 +103,26 @@ def test_each_run_reads_what_is_due_at_its_start_and_stops(
     assert sum(committed(bootstrap, group, retry_topic, 2)) == 6
 
 
+def test_running_the_same_pipeline_again_starts_a_new_run(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path) -> None:
+    """A job keeping its pipeline between runs: each run() reads what is due at its start. The
+    second run() returned at once, the first run's stopped query reused, and its retries were
+    never handled."""
+    topic, group = new_topic(partitions=1), unique_name("again")
+    produce(bootstrap, topic, ["ok"] * 3 + ["fail1"] * 2)
+    sink = str(tmp_path / "out")
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=handle_in_sql,
+                             sink=sink, checkpoint=str(tmp_path / "cp"), available_now=True)
+    first = pipeline.run(timeout_s=RUN_LIMIT_S)
+    assert (first.records, first.retried_by_attempt) == (5, {1: 2})
+    dues = [h.read_delivery(kafka.message_headers(m)).due_ms
+            for m in read_all(bootstrap, f"{topic}.{group}.retry.8s")]
+    time.sleep(max(0.0, (max(d or 0 for d in dues) - time.time() * 1000) / 1000) + 0.5)
+    second = pipeline.run(timeout_s=RUN_LIMIT_S)
+    assert (second.records, second.succeeded_by_retries) == (2, {1: 2})
+    assert len(spark.read.parquet(sink).collect()) == 5
+
+
 def test_available_now_takes_no_interval(spark: Any, bootstrap: str) -> None:
     with pytest.raises(InvalidArgument, match=r"trigger_interval.*available_now"):
         RetryPipeline(spark, bootstrap, "orders", "g", POLICY, transform=handle_in_sql,
