@@ -15,10 +15,10 @@ from redrive.errors import RedriveError
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on: only this machine unless told otherwise.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
-@click.option("--token", envvar="REDRIVE_UI_TOKEN", default=None,
+@click.option("--token", envvar="REDRIVE_UI_TOKEN", show_envvar=True, default=None,
               help="Replays need this token; without one the console is read-only "
                    "[env: REDRIVE_UI_TOKEN].")
-@click.option("--store-url", envvar="REDRIVE_STORE_URL", default=None,
+@click.option("--store-url", envvar="REDRIVE_STORE_URL", show_envvar=True, default=None,
               help="Also show the retry store (a SQLite path or a database URL) "
                    "[env: REDRIVE_STORE_URL].")
 @click.option("--delay-prefix", default=DEFAULT_PREFIX, show_default=True,

@@ -188,9 +188,10 @@ def _replay_destination(bootstrap: str, timeout_s: float, topic: str | None,
     if not found:
         raise InvalidArgument("topic", topic, f"group {group!r} has no retry topic on the "
                               "cluster; give --to-topic")
-    raise InvalidArgument("to-topic", None, f"{len(found)} retry topics exist "
-                          f"({', '.join(found)}); give the group's policy (--backoff or "
-                          "--exponential, and --attempts), or --to-topic")
+    raise click.UsageError(f"which retry topic is group {group}'s first is not known: "
+                           f"{len(found)} retry topics exist ({', '.join(found)}); give the "
+                           "group's policy (--backoff or --exponential, and --attempts), or "
+                           "--to-topic")
 
 
 @dlt.command("replay")
@@ -309,6 +310,9 @@ def stats_command(bootstrap: str, timeout_s: float, topic: str, group: str, wind
     """
     window_s = to_ms(window, "window") / 1000
     policy = _group_policy(**policy_args)
+    if window_s > 0 and not watch and sys.stderr.isatty():
+        click.echo(f"sampling offsets over {window} for the rates (--window 0 skips it)...",
+                   err=True)
     while True:
         found = stats.collect(_connect(bootstrap), topic, group, policy=policy, window_s=window_s,
                               timeout_s=timeout_s)
@@ -321,7 +325,7 @@ def stats_command(bootstrap: str, timeout_s: float, topic: str, group: str, wind
                            "retry or dead-letter topics there", err=True)
             return
         click.clear()
-        click.echo(f"{group} on {topic}  {time.strftime('%H:%M:%S')}"
+        click.echo(f"{group} on {topic}  {time.strftime('%H:%M:%S UTC', time.gmtime())}"
                    f"  (every {window}; Ctrl-C stops)\n{table}")
         if window_s <= 0:
             time.sleep(2.0)

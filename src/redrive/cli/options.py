@@ -28,7 +28,7 @@ def with_options(options: Sequence[Callable[[Decorated], Decorated]]) -> Callabl
 
 
 bootstrap_option = click.option("--bootstrap", "-b", required=True, envvar="REDRIVE_BOOTSTRAP",
-                                help="Kafka bootstrap servers (host:port).")
+                                show_envvar=True, help="Kafka bootstrap servers (host:port).")
 metrics_port_option = click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
                                    help="Serve Prometheus metrics on this port.")
 

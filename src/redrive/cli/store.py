@@ -21,7 +21,8 @@ from redrive.store.store import RetryStore
 
 
 @click.group("store")
-@click.option("--url", default=str(DEFAULT_PATH), envvar="REDRIVE_STORE_URL", show_default=True,
+@click.option("--url", default=str(DEFAULT_PATH), envvar="REDRIVE_STORE_URL", show_envvar=True,
+              show_default=True,
               help="The store: a SQLite file path or a database URL (postgresql://...).")
 @click.pass_context
 def store_command(ctx: click.Context, url: str) -> None:
