@@ -87,6 +87,7 @@ def test_custom_backoff() -> None:
 
 @pytest.mark.parametrize(("make", "field"), [
     (lambda: RetryPolicy(attempts=0), "attempts"),
+    (lambda: RetryPolicy(attempts=10**9), "attempts"),  # hours of checking, then of planning
     (lambda: RetryPolicy(attempts=2, backoff=Backoff.sequence("1s,2s")), "attempts"),
     (lambda: RetryPolicy(backoff="5s"), "backoff"),  # type: ignore[arg-type]
     (lambda: Backoff.exponential(initial="0s"), "backoff.initial"),

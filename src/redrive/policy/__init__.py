@@ -38,6 +38,9 @@ __all__ = [
 
 DEFAULT_ATTEMPTS = 3
 MAX_DELAY_MS = 36_500 * 86_400_000  # 100 years: any due time stays within the headers' range
+# A policy's delays are checked, and a plan made, per retry: a million took seconds and a
+# billion would take hours. A hundred thousand one-minute retries take ten weeks.
+MAX_ATTEMPTS = 100_000
 
 
 class Disposition(enum.Enum):
@@ -186,6 +189,9 @@ class RetryPolicy:
         if isinstance(given, bool) or not isinstance(given, int) or given < 1:
             raise InvalidPolicy("attempts", given, "must be an integer >= 1 (the first delivery "
                                 "counts)")
+        if given > MAX_ATTEMPTS:
+            raise InvalidPolicy("attempts", given, f"must be at most {MAX_ATTEMPTS} (to retry "
+                                "until a time rather than a count, give max_retry_period)")
         if implied is not None and given != implied:
             raise InvalidPolicy("attempts", given, f"the backoff sequence implies {implied} "
                                 f"({implied - 1} delays plus the first delivery)")
