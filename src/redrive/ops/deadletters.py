@@ -104,13 +104,24 @@ def text(raw: bytes | None) -> str | None:
 # --- filters ----------------------------------------------------------------------------------
 
 
+_EARLIEST_MS = 100_000_000_000  # 1973-03-03
+
+
 def parse_time(value: str, field_name: str, at_ms: int) -> int:
     """Epoch ms from a duration back from `at_ms` ("2h") or an ISO time (UTC unless it says)."""
     stripped = value.strip()
     try:
-        return at_ms - to_ms(stripped, field_name)
+        back_ms = to_ms(stripped, field_name)
     except InvalidArgument:
         pass
+    else:
+        if at_ms - back_ms < _EARLIEST_MS:
+            # 1764236400 (epoch seconds) or 1764236400000 (ms) read as seconds back from now:
+            # everything since 1970 would be selected without a word.
+            raise InvalidArgument(field_name, value, "a bare number is seconds back from now, "
+                                  "and this reaches before 1973: for a moment give an ISO time "
+                                  "such as 2026-11-22T10:00:00Z")
+        return at_ms - back_ms
     try:
         moment = datetime.fromisoformat(stripped)
     except ValueError as exc:

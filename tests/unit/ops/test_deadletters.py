@@ -105,6 +105,12 @@ def test_times() -> None:
     assert parse_time("2026-11-22T11:00:00+01:00", "since", NOW) == 1795341600000
     with pytest.raises(InvalidArgument, match="since='yesterday'"):
         parse_time("yesterday", "since", NOW)
+    assert parse_time("86400", "since", NOW) == NOW - 86_400_000  # seconds back
+    # A moment as epoch seconds or ms, read as seconds back, selected everything since 1970.
+    for epoch in ("1795341600", "1795341600000"):
+        with pytest.raises(InvalidArgument, match=f"since='{epoch}': a bare number is seconds "
+                           "back from now, and this reaches before 1973"):
+            parse_time(epoch, "since", NOW)
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
