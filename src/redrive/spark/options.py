@@ -250,6 +250,23 @@ def _resume_topics(options: Mapping[str, str], topics: Sequence[str],
     return named
 
 
+def _check_not_resumed(options: Mapping[str, str], starting: OffsetsSpec | None,
+                       resumed: Sequence[str]) -> None:
+    """A start given per partition names the topics not resumed only: the resumed start where
+    the group stands (planning would call their partitions unknown)."""
+    spec: object = starting
+    option, raw = "startingOffsets", options.get("startingoffsets")
+    if isinstance(starting, ByTimestamp):
+        spec, option, raw = starting.at, starting.option, starting.raw
+    if not isinstance(spec, dict):
+        return
+    named = sorted({topic for topic, _ in spec if topic in resumed})
+    if named:
+        raise SourceOptionError(option, raw, f"topic {named[0]!r} is in redrive.resumeTopics, "
+                                "which start where redrive.group stands: name the other "
+                                "topics' partitions only")
+
+
 def _gated_topics(options: Mapping[str, str]) -> tuple[re.Pattern[str], ...] | None:
     raw = options.get("redrive.gatedtopics")
     if raw is None:
@@ -337,10 +354,12 @@ class SourceOptions:
         fetch_unsupported = _fetch_unsupported(overrides)
         if reader == "fetch" and fetch_unsupported:
             raise SourceOptionError("redrive.reader", reader, fetch_unsupported)
+        starting = _start(lowered, topics)
+        _check_not_resumed(lowered, starting, resume_topics)
         return cls(
             bootstrap=bootstrap,
             topics=topics,
-            starting=_start(lowered, topics),
+            starting=starting,
             ending=_end(lowered, topics),
             max_offsets_per_trigger=_positive_int(lowered, "maxOffsetsPerTrigger"),
             include_headers=include_headers,

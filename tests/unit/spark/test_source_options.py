@@ -1,0 +1,29 @@
+"""The source's options that are checked without a session: a start given per partition for a
+topic that redrive.resumeTopics starts where the group stands."""
+
+from __future__ import annotations
+
+import pytest
+
+from redrive.spark.options import SourceOptionError, SourceOptions
+
+BASE = {"kafka.bootstrap.servers": "x:1", "subscribe": "orders,orders.g.retry.5s",
+        "redrive.group": "g", "redrive.resumeTopics": "orders.g.retry.5s"}
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("startingOffsets", '{"orders": {"0": 3}, "orders.g.retry.5s": {"0": 0}}'),
+    ("startingOffsetsByTimestamp", '{"orders.g.retry.5s": {"0": 1764236400000}}'),
+])
+def test_a_start_per_partition_of_a_resumed_topic_is_refused_naming_it(option: str,
+                                                                       value: str) -> None:
+    # Planning called the partition unknown: "partition orders.g.retry.5s[0] does not exist".
+    with pytest.raises(SourceOptionError, match=rf"{option}=.*topic 'orders.g.retry.5s' is in "
+                       "redrive.resumeTopics"):
+        SourceOptions.parse({**BASE, option: value})
+
+
+def test_a_start_for_the_other_topics_only_is_taken() -> None:
+    parsed = SourceOptions.parse({**BASE, "startingOffsets": '{"orders": {"0": 3}}'})
+    assert parsed.starting == {("orders", 0): 3}
+    assert parsed.resume_topics == ("orders.g.retry.5s",)
