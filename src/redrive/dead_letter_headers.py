@@ -51,17 +51,17 @@ class DeadLetterInfo:
     reason: str | None = None
 
 
-# A 64-bit number's decimal text with its sign: longer, no system above wrote it (and int()
-# refuses text of thousands of digits).
-_LONGEST_NUMBER = 20
-
-
 def _lenient_int(raw: bytes | None) -> int | None:
-    """Spring writes big-endian binary integers; Connect and Streams write decimal text."""
-    if raw is None or raw == b"" or len(raw) > _LONGEST_NUMBER:
+    """Spring writes big-endian binary integers; Connect and Streams write decimal text. A
+    number out of its column's range is kept here, to be named as such; text of more digits
+    than int() reads (4,300) is left out."""
+    if raw is None or raw == b"":
         return None
     if raw.isdigit() or (raw[:1] == b"-" and raw[1:].isdigit()):
-        return int(raw)
+        try:
+            return int(raw)
+        except ValueError:
+            return None
     return int.from_bytes(raw, "big", signed=True)
 
 
