@@ -14,11 +14,12 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 
 from redrive import kafka
 from redrive.clock import now_ms
@@ -45,6 +46,9 @@ OUTAGE_S = 4.0
 DURABLE_S = 1.5
 # A consumer's timeout_s, which bounds its stop while the broker does not answer.
 STOP_TIMEOUT_S = 5.0
+# What a transactional runtime stopped in an outage says of its transaction: its abort too
+# timed out (or met its commit), and no new producer is made.
+STOPPED_UNSETTLED = "stopping with the transaction of"
 
 
 def check_reported_once(caplog: pytest.LogCaptureFixture, who: str) -> None:
@@ -68,6 +72,35 @@ def delay_service(bootstrap: str, name: str, **options: Any) -> DelayService:
     return DelayService(bootstrap, Tiers.of(("100ms", "1s"), prefix=f"{name}.delay"),
                         instance_id=f"{name}-1", partitions=1, group_id=f"{name}-service",
                         **options)
+
+
+def open_transaction(bootstrap: str, topic: str) -> bool:
+    """Whether a transaction is open on a partition of `topic`: its last stable offset is below
+    its end."""
+    committed, uncommitted = (kafka.consumer(bootstrap, overrides={"isolation.level": level})
+                              for level in ("read_committed", "read_uncommitted"))
+    try:
+        return any(committed.get_watermark_offsets(tp, timeout=10)[1]
+                   < uncommitted.get_watermark_offsets(tp, timeout=10)[1]
+                   for tp in (TopicPartition(topic, p) for p in
+                              range(kafka.partition_count(kafka.admin(bootstrap), topic))))
+    finally:
+        committed.close()
+        uncommitted.close()
+
+
+def read_to_end(bootstrap: str, group: str, topics: Iterable[str]) -> bool:
+    """Whether `group` has committed to the end of each partition 0 of `topics` (a partition
+    without a commit reads from its start)."""
+    consumer = kafka.consumer(bootstrap, group)
+    try:
+        for tp in consumer.committed([TopicPartition(t, 0) for t in topics], timeout=10):
+            start, end = consumer.get_watermark_offsets(tp, timeout=10)
+            if max(tp.offset, start) < end:
+                return False
+        return True
+    finally:
+        consumer.close()
 
 
 def test_the_delay_service_at_least_once_forwards_everything_across_a_broker_restart(
@@ -301,7 +334,7 @@ def test_a_consumer_stopped_while_the_broker_does_not_answer_stops_in_time_and_l
     said = [r.getMessage() for r in caplog.records]
     assert any("not answered in time" in m or "did not close in time" in m for m in said), said
     if transactional:
-        assert any("stopping without a new one" in m for m in said), said
+        assert any(m.startswith(STOPPED_UNSETTLED) for m in said), said
     assert left_unfinished > 0  # else the second member below would have nothing to show
     # Nothing lost: another member of the group, started once the broker answers again,
     # succeeds with every number the first one did not finish, the failed ones on a retry.
@@ -392,15 +425,26 @@ def test_a_transactional_delay_service_stopped_while_the_broker_does_not_answer_
     # consumer's close (CLOSE_TIMEOUT_S at most).
     assert took < STOP_TIMEOUT_S + 2 * closing.LEAST_S + CLOSE_TIMEOUT_S + 3, took
     said = [r.getMessage() for r in caplog.records]
-    assert any("stopping without a new one" in m for m in said), said
+    assert any(m.startswith(STOPPED_UNSETTLED) for m in said), said
+    # A commit under way at the stop is committed once the broker answers again, and the first
+    # service never counts it: the records that arrive are the count. Apache Kafka keeps a
+    # group's offsets from a new member while a transaction holding some is open
+    # (UNSTABLE_OFFSET_COMMIT); noida-db answers with the older ones at once
+    # (test_chaos_quick.py), and the restarted service would forward that transaction's records
+    # again. So the test ends the first service's transaction before the restart: its id's next
+    # producer aborts it if open, and a commit already on its way is waited for.
+    fence = TransactionalProducer(bootstrap, f"{first.group_id}.{first.instance_id}")
+    fence.start()
+    fence.close()
+    wait_until(lambda: not open_transaction(bootstrap, target), 30,
+               "the first service's last transaction ended on the broker")
     # Nothing lost: the same instance, started again, forwards every record once.
-    # Read once all is forwarded: on noida-db a reader reading along past the first service's
-    # aborted transaction misses the same transactional id's later records (docs/benchmarks.md).
-    second = service()
-    again = Background(second)
+    again = Background(service())
     try:
-        wait_until(lambda: first.metrics.total("redrive_forwarded_total")
-                   + second.metrics.total("redrive_forwarded_total") >= 10 * RECORDS, 90,
+        # Read once all is forwarded: on noida-db a reader reading along past the first
+        # service's aborted transaction misses the same transactional id's later records
+        # (docs/benchmarks.md).
+        wait_until(lambda: read_to_end(bootstrap, first.group_id, tiers.topics), 90,
                    "every record forwarded by the restarted service")
         arrived = read_all(bootstrap, target, expect=10 * RECORDS, timeout_s=30, idle_s=2)
     finally:

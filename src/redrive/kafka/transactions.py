@@ -213,21 +213,29 @@ class TransactionalProducer:
             drop_stack(exc)  # as in run()
             self._raise_if_fenced(exc)
             error = exc.args[0]
+            why = error.str() if isinstance(error, KafkaError) else str(error)
+            if self._stopping.is_set():
+                # Not a fatal error: the abort timed out, or conflicts with a commit still on
+                # its way, whose outcome only the broker knows.
+                log.warning("stopping with the transaction of %s unsettled (its abort: %s): "
+                            "the broker completes a commit already sent, and aborts an open "
+                            "transaction after transaction.timeout.ms or when a producer with "
+                            "this id starts", self.transactional_id, why)
+                self._drop()
+                return
             # A producer that cannot even abort is replaced: its successor's start aborts what
             # it left open.
-            self._renew(error.str() if isinstance(error, KafkaError) else str(error))
+            self._renew(why)
 
     def _renew(self, why: str) -> None:
         """Drop the producer and start a new one with the same transactional id (none while
         stopping: the stop then ends with no producer)."""
-        old, self._producer = self._producer, None
-        if old is not None:
+        if self._producer is not None:
             log.error("transactional producer %s failed fatally (%s); %s",
                       self.transactional_id, why,
                       "stopping without a new one" if self._stopping.is_set()
                       else "starting a new one")
-            with contextlib.suppress(KafkaException, RuntimeError):
-                old.purge()
+            self._drop()
         if self._stopping.is_set():
             return
         try:
@@ -237,6 +245,12 @@ class TransactionalProducer:
                       self.transactional_id, exc.args[0])
             return
         self.renewed += 1
+
+    def _drop(self) -> None:
+        old, self._producer = self._producer, None
+        if old is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                old.purge()
 
     def _raise_if_fenced(self, exc: KafkaException) -> None:
         error = exc.args[0]
