@@ -2,7 +2,9 @@
 
 `redrive resume` writes a request to `redrive.control` (one partition, keyed by group, created
 when missing); a consumer whose partition the dead-letter brake stopped reads the requests written
-after the brake tripped and releases the partitions a request for its group covers. A topic rather
+after the brake tripped there and releases the partitions a request for its group covers. A
+request written before that trip (while nothing was stopped, or before a cool-off ended an
+earlier stop) releases nothing: it was meant for another stop. A topic rather
 than a signal or a file: consumers run on many hosts, and the request is then also a record of who
 resumed what and when.
 """
@@ -13,7 +15,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from redrive import kafka
 from redrive.errors import InvalidArgument
@@ -95,19 +97,36 @@ class ResumeWatch:
     def __init__(self, connection: kafka.Connection, group: str,
                  timeout_s: float = 10.0) -> None:
         self.group = group
+        self._timeout_s = timeout_s
         kafka.create_topics(kafka.admin(connection), {CONTROL_TOPIC: 1}, timeout_s=timeout_s)
         self._consumer: Consumer = kafka.consumer(connection)
-        _, end = kafka.watermarks(self._consumer, CONTROL_TOPIC, 0, timeout_s)
-        self._consumer.assign([TopicPartition(CONTROL_TOPIC, 0, end)])
+        _, self._read_to = kafka.watermarks(self._consumer, CONTROL_TOPIC, 0, timeout_s)
+        self._consumer.assign([TopicPartition(CONTROL_TOPIC, 0, self._read_to)])
 
-    def poll(self) -> list[Resume]:
-        """The requests for this group that arrived since the last poll; never blocks."""
-        found: list[Resume] = []
+    def end(self) -> int:
+        """The offset of the next request written: those below it were written before now. Where
+        no broker answers, the offset this watch reads next (what it has not read may then be
+        older than now)."""
+        try:
+            return kafka.watermarks(self._consumer, CONTROL_TOPIC, 0, self._timeout_s)[1]
+        except KafkaException as exc:
+            log.warning("group %s: the end of %s could not be read (%s); requests not read yet "
+                        "count as newer", self.group, CONTROL_TOPIC, exc.args[0])
+            return self._read_to
+
+    def poll(self) -> list[tuple[int, Resume]]:
+        """The requests for this group that arrived since the last poll, with their offsets;
+        never blocks."""
+        found: list[tuple[int, Resume]] = []
         for message in self._consumer.consume(100, 0):
-            if message.error() is not None or message.key() != self.group.encode():
+            if message.error() is not None:
+                continue
+            offset = int(message.offset() or 0)
+            self._read_to = offset + 1
+            if message.key() != self.group.encode():
                 continue
             try:
-                found.append(Resume.decode(message.value()))
+                found.append((offset, Resume.decode(message.value())))
             except InvalidArgument as exc:
                 log.warning("group %s: ignored control record at offset %s: %s", self.group,
                             message.offset(), exc)

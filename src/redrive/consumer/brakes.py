@@ -98,6 +98,9 @@ class Brake:
         self._watch: ResumeWatch | None = None
         self._windows: dict[PartitionKey, Window] = {}
         self.stopped: dict[PartitionKey, str] = {}  # braked partition -> its main topic
+        # Braked partition -> the control topic's end at its trip: only requests from there on
+        # release it.
+        self._since: dict[PartitionKey, int] = {}
 
     @classmethod
     def of(cls, limit: DeadLetterLimit, group: str, metrics: Metrics,
@@ -124,8 +127,9 @@ class Brake:
             window.add(1, True)
             return False
         if self._watch is None:
-            # Before the log line: a resume sent by whoever reads it is after the watch's start.
             self._watch = self._new_watch()
+        # Before the log line: a resume sent by whoever reads it is written past this mark.
+        self._since[tp] = self._watch.end()
         cool_off = self.limit.cool_off_ms
         until = UNTIL_RESUMED_MS if cool_off is None else now_ms() + cool_off
         holds.hold(consumer, tp, Hold(record.offset, until, Why.BRAKE, record.timestamp_ms))
@@ -155,12 +159,14 @@ class Brake:
         if not self.stopped or self._watch is None:
             return []
         covered: list[PartitionKey] = []
-        for request in self._watch.poll():
-            covered += [tp for tp, main in self.stopped.items()
-                        if tp not in covered and request.covers(tp, main)]
-            if covered:
+        for offset, request in self._watch.poll():
+            now = [tp for tp, main in self.stopped.items()
+                   if tp not in covered and offset >= self._since.get(tp, 0)
+                   and request.covers(tp, main)]
+            if now:
                 log.warning("group %s: resumed %s by %s", self.group,
-                            ", ".join(f"{t}[{p}]" for t, p in covered), request.actor or "?")
+                            ", ".join(f"{t}[{p}]" for t, p in now), request.actor or "?")
+            covered += now
         released = holds.release(consumer, covered)
         self.released(released)
         return released
@@ -175,6 +181,7 @@ class Brake:
         for tp in tps:
             self._windows.pop(tp, None)
             self.stopped.pop(tp, None)
+            self._since.pop(tp, None)
         self._metrics.braked_partitions(len(self.stopped))
 
     def close(self) -> None:

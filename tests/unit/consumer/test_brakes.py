@@ -87,12 +87,23 @@ def test_the_window_judges_as_a_record_by_record_model(limit: DeadLetterLimit,
 
 
 class Watch:
+    """Requests at offsets from `written` on, as the control topic numbers them."""
+
     def __init__(self) -> None:
         self.requests: list[Resume] = []
+        self.written = 0
         self.closed = False
 
-    def poll(self) -> list[Resume]:
-        found, self.requests = self.requests, []
+    def send(self, *requests: Resume) -> None:
+        self.requests += requests
+
+    def end(self) -> int:
+        return self.written + len(self.requests)
+
+    def poll(self) -> list[tuple[int, Resume]]:
+        found = list(enumerate(self.requests, self.written))
+        self.written += len(self.requests)
+        self.requests = []
         return found
 
     def close(self) -> None:
@@ -130,9 +141,9 @@ def test_brake_holds_the_partition_at_the_dead_letter_that_passes_and_resume_rel
     assert metrics.value("redrive_braked_partitions") == 1
     assert metrics.value("redrive_brake_trips_total", topic="orders") == 1
 
-    watch.requests = [Resume("g", "orders", 1), Resume("g", "other")]
+    watch.send(Resume("g", "orders", 1), Resume("g", "other"))
     assert brake.poll_resumes(consumer, holds) == [] and A in holds
-    watch.requests = [Resume("g", "orders", 0, actor="ana")]
+    watch.send(Resume("g", "orders", 0, actor="ana"))
     assert brake.poll_resumes(consumer, holds) == [A]
     assert A not in holds and not brake.stopped
     assert metrics.value("redrive_braked_partitions") == 0
@@ -199,3 +210,23 @@ def test_a_resume_covers_a_group_a_topic_or_one_partition_and_round_trips() -> N
             Resume.decode(bad)
     with pytest.raises(InvalidArgument, match="partition"):
         Resume("g", None, 1)
+
+
+def test_a_request_written_before_a_trip_does_not_release_it() -> None:
+    # A resume sent while nothing was stopped (a second operator's paste, one typed after the
+    # cool-off ended the stop) released the next stop at once.
+    watch = Watch()
+    brake = Brake(DeadLetterLimit(consecutive=0), "g", Metrics("consumer", "g"), lambda: watch,
+                  "broker:9092")  # type: ignore[arg-type]
+    holds, consumer = Holds(), Calls()
+    assert brake.stops(consumer, holds, A, record(A, 1), "orders")
+    watch.send(Resume("g"))
+    assert brake.poll_resumes(consumer, holds) == [A]
+    watch.send(Resume("g"))  # nothing is stopped: read only at the next stop
+    assert brake.stops(consumer, holds, A, record(A, 2), "orders")
+    assert brake.stops(consumer, holds, B, record(B, 7), "orders")
+    assert brake.poll_resumes(consumer, holds) == [] and brake.stopped == {A: "orders",
+                                                                           B: "orders"}
+    watch.send(Resume("g", "orders", 0))
+    assert brake.poll_resumes(consumer, holds) == [A] and brake.stopped == {B: "orders"}
+    assert B in holds
