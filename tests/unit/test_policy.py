@@ -1,3 +1,5 @@
+import dataclasses
+import pickle
 from datetime import timedelta
 
 import pytest
@@ -7,6 +9,7 @@ from hypothesis import strategies as st
 from redrive.errors import InvalidArgument, InvalidPolicy
 from redrive.policy import (
     Backoff,
+    DeadLetterLimit,
     Disposition,
     InPlace,
     Naming,
@@ -230,3 +233,19 @@ def test_a_predicate_that_raises_does_not_match_and_says_so_once(
     assert len(warnings) == 1  # AttributeError both times: said once
     assert "raised AttributeError on KeyError" in warnings[0]
     assert "counts as not matching" in warnings[0]
+
+
+def test_a_policy_and_a_limit_made_again_from_their_fields_keep_their_durations() -> None:
+    # Kept as ms in an int field, a duration was read as seconds when made again: a 1 h retry
+    # period became 41 days, a 10 m cool-off 7 days.
+    policy = RetryPolicy(max_retry_period="1h",
+                         dead_letter_limit=DeadLetterLimit(consecutive=5, cool_off="10m"))
+    again = dataclasses.replace(policy, attempts=5)
+    assert again.max_retry_period_ms == policy.max_retry_period_ms == 3_600_000
+    limit = dataclasses.replace(policy.dead_letter_limit, consecutive=10)
+    assert limit.cool_off_ms == 600_000
+    assert DeadLetterLimit(**dataclasses.asdict(limit)).cool_off_ms == 600_000
+    assert RetryPolicy(max_retry_period=3600) == RetryPolicy(max_retry_period="1h")
+    assert pickle.loads(pickle.dumps(again)).max_retry_period_ms == 3_600_000
+    assert RetryPolicy().max_retry_period_ms is None and DeadLetterLimit(
+        consecutive=1).cool_off_ms is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
+from datetime import timedelta
 
 from redrive.errors import InvalidPolicy
 from redrive.policy.backoff import Backoff, Custom, Explicit, Exponential, Fixed
@@ -141,11 +142,15 @@ class RetryPolicy:
                            as_matcher(self.not_retryable, "not_retryable", NO_ERROR))
         if self.in_place is not None and not isinstance(self.in_place, InPlace):
             raise InvalidPolicy("in_place", self.in_place, "must be an InPlace")
+        period: int | None = None
         if self.max_retry_period is not None:
             period = to_ms(self.max_retry_period, "max_retry_period", InvalidPolicy)
             if period <= 0:
                 raise InvalidPolicy("max_retry_period", self.max_retry_period, "must be positive")
-            object.__setattr__(self, "max_retry_period", period)
+            # A timedelta reads the same when the policy is made again from its fields
+            # (dataclasses.replace): ms kept as an int would be read as seconds.
+            object.__setattr__(self, "max_retry_period", timedelta(milliseconds=period))
+        object.__setattr__(self, "_max_retry_period_ms", period)
         try:
             object.__setattr__(self, "naming", Naming(self.naming))
         except ValueError as exc:
@@ -207,8 +212,8 @@ class RetryPolicy:
 
     @property
     def max_retry_period_ms(self) -> int | None:
-        assert self.max_retry_period is None or isinstance(self.max_retry_period, int)
-        return self.max_retry_period
+        ms: int | None = self.__dict__["_max_retry_period_ms"]
+        return ms
 
     @property
     def dead_letter_format(self) -> HeaderFormat:

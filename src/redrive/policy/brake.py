@@ -11,6 +11,7 @@ dead-lettering it, and waits for an operator (`redrive resume`) or the cool-off.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from redrive.errors import InvalidPolicy
 from redrive.policy.duration import Duration, to_ms
@@ -49,12 +50,15 @@ class DeadLetterLimit:
             if ms <= 0:
                 raise InvalidPolicy("dead_letter_limit.cool_off", self.cool_off,
                                     "must be positive")
-            object.__setattr__(self, "cool_off", ms)
+            # Kept as a timedelta, which reads the same when the limit is made again from its
+            # fields (dataclasses.replace): ms kept as an int would be read as seconds.
+            object.__setattr__(self, "cool_off", timedelta(milliseconds=ms))
+        object.__setattr__(self, "_cool_off_ms", None if self.cool_off is None else ms)
 
     @property
     def cool_off_ms(self) -> int | None:
-        assert self.cool_off is None or isinstance(self.cool_off, int)
-        return self.cool_off
+        ms: int | None = self.__dict__["_cool_off_ms"]
+        return ms
 
     def describe(self) -> str:
         parts = []
