@@ -66,7 +66,9 @@ def test_partition_kept_only_when_retry_topic_has_it() -> None:
     assert topics.partition_for(None, 3) is None
 
 
-names = st.text(alphabet=string.ascii_letters + string.digits + "._-", min_size=1, max_size=30)
+# Kafka refuses "." and ".." as names.
+names = st.text(alphabet=string.ascii_letters + string.digits + "._-", min_size=1,
+                max_size=30).filter(lambda name: name not in (".", ".."))
 policies = st.builds(
     lambda delays, per_attempt: RetryPolicy(backoff=Backoff.sequence(delays),
                                             naming="per-attempt" if per_attempt else "per-delay"),
