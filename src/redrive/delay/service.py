@@ -51,7 +51,13 @@ from redrive.arguments import (
 from redrive.clock import now_ms
 from redrive.delay.schedule import check_target
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
-from redrive.errors import DeliveryFailed, InvalidArgument, MalformedHeader, RedriveError
+from redrive.errors import (
+    DeliveryFailed,
+    InvalidArgument,
+    MalformedHeader,
+    RecordTooLarge,
+    RedriveError,
+)
 from redrive.kafka.admin import waiting_past
 from redrive.kafka.closing import close_within
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
@@ -149,6 +155,9 @@ class DelayService:
         check_int("partitions", partitions, 1, 1_000_000)
         check_int("max_batch", max_batch, 1, 1_000_000)
         check_text("instance_id", instance_id)
+        if not isinstance(group_id, str) or not group_id:
+            # librdkafka aborts the whole process on an empty group id.
+            raise InvalidArgument("group_id", group_id, "must be a non-empty group name")
         check_instance("tiers", tiers, Tiers, "a Tiers (Tiers.parse('1s,1m,1h'))")
         check_instance("transactional", transactional, bool, "True or False")
         check_instance("create_topics", create_topics, bool, "True or False")
@@ -446,7 +455,7 @@ class DelayService:
                                           consumer.consumer_group_metadata())
             else:
                 assert self._producer is not None
-                kafka.produce_acked(self._producer, batch.out)
+                kafka.produce_acked(self._producer, batch.out, self._timeout_s)
                 # A synchronous commit waits for as long as the brokers are away (librdkafka
                 # defers it until a coordinator answers), which would keep the service from
                 # noticing an outage or stopping. A commit that fails leaves the offsets to the
@@ -454,7 +463,7 @@ class DelayService:
                 consumer.commit(offsets=batch.offsets, asynchronous=True)
         except ProducerFenced as exc:
             raise DelayServiceError(str(exc)) from exc
-        except (KafkaException, DeliveryFailed, TransactionAborted) as exc:
+        except (KafkaException, DeliveryFailed, TransactionAborted, RecordTooLarge) as exc:
             # An outage is logged once, by the health; other failures each time, at the pace
             # of the refusals' pauses. An aborted transaction is judged by what aborted it.
             outage = self.health.failed(exc)
@@ -487,8 +496,8 @@ class DelayService:
         consumer = self._require_consumer()
         keys = [key for key in batch.starts if key in self._tiers]
         self._holds.release(consumer, keys)
-        culprits = (batch.sources.get(why.topic) if isinstance(why, DeliveryFailed) else None) \
-            or set(keys)
+        culprits = (batch.sources.get(why.topic)
+                    if isinstance(why, DeliveryFailed | RecordTooLarge) else None) or set(keys)
         at = now_ms()
         for key in keys:
             offset = batch.starts[key]

@@ -53,6 +53,10 @@ class Tiers:
     def of(cls, durations: Iterable[Duration] = DEFAULT_DURATIONS,
            prefix: str = DEFAULT_PREFIX) -> Tiers:
         check_name("tier prefix", prefix)
+        if isinstance(durations, str):
+            # Read one character at a time, "15" made tiers of 1 s and 5 s.
+            raise InvalidArgument("tiers", durations, "give a list of durations, or parse a "
+                                  "string with Tiers.parse('1s,1m,1h')")
         delays: list[int] = []
         for duration in durations:
             ms = to_ms(duration, "tier")

@@ -393,6 +393,41 @@ def test_a_record_its_target_refuses_is_tried_at_growing_intervals_and_goes_once
     assert [arrival.value for arrival in arrivals] == [b"v" * 20_000]
 
 
+@pytest.mark.parametrize("transactional", [False, True], ids=["at-least-once", "transactional"])
+def test_a_record_larger_than_the_services_producer_takes_holds_its_partition_not_the_service(
+        bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName,
+        caplog: pytest.LogCaptureFixture, transactional: bool) -> None:
+    """The producer's own limit refuses the record before any broker sees it (RecordTooLarge):
+    that ended the service, and every restart met the record again. It is now held as a
+    refused one, and forwarded by a service whose producer takes it."""
+    target = new_topic()
+    group, instance = unique_name("g"), unique_name("i")
+
+    def service(limit: int) -> DelayService:
+        return DelayService(bootstrap, tiers, transactional=transactional, partitions=1,
+                            group_id=group, instance_id=instance,
+                            producer_overrides={"message.max.bytes": limit})
+
+    reader = Reader(bootstrap, target)
+    caplog.set_level(logging.WARNING, logger="redrive.delay.service")
+    producer = warm_producer(bootstrap, new_topic())
+    with running(service(10_000)) as small:
+        schedule(producer, target, b"v" * 20_000, delay=0.1, tiers=tiers)
+        schedule(producer, target, b"behind", delay=0.1, tiers=tiers)
+        assert producer.flush(10) == 0
+        deadline = time.monotonic() + 10
+        while small.metrics.value("redrive_paused_partitions") < 1:
+            assert time.monotonic() < deadline, "the service never held the record"
+            time.sleep(0.05)
+        assert reader.read(0, timeout_s=2) == []
+    said = [r.getMessage() for r in caplog.records if "is read again" in r.getMessage()]
+    assert said and all("message.max.bytes" in message for message in said), said
+    with running(service(2_000_000)):
+        arrivals = reader.read(2, timeout_s=15)
+    reader.close()
+    assert [arrival.value for arrival in arrivals] == [b"v" * 20_000, b"behind"]
+
+
 def test_records_deleted_from_the_tiers_while_no_service_ran_are_reported_as_lost(
         bootstrap: str, new_topic: NewTopic, tiers: Tiers, unique_name: UniqueName,
         caplog: pytest.LogCaptureFixture) -> None:

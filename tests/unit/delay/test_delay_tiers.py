@@ -110,8 +110,9 @@ def test_default_tiers_and_topic_names() -> None:
     (["1s", "1000ms"], "tier", "given twice"),
     (["0s"], "tier", "longer than 0"),
     (["soon"], "tier", "'soon'"),
+    ("15", "tiers", "Tiers.parse"),  # not tiers of 1 s and 5 s
 ])
-def test_bad_tiers_name_the_field_and_value(durations: list[str], field: str,
+def test_bad_tiers_name_the_field_and_value(durations: list[str] | str, field: str,
                                             fragment: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         Tiers.of(durations)
