@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from redrive.errors import MalformedHeader
+from redrive.errors import InvalidArgument, MalformedHeader
 from redrive.record import NO_HISTORY, Delivery, ErrorInfo, Origin
 
 try:
@@ -66,8 +66,11 @@ def normalize(headers: Iterable[tuple[str, Any]] | Mapping[str, Any] | None) -> 
             out.append((name, b""))
         elif isinstance(value, str):
             out.append((name, value.encode()))
-        else:
+        elif isinstance(value, bytes | bytearray | memoryview):
             out.append((name, bytes(value)))
+        else:
+            # bytes(5) would be five zero bytes.
+            raise InvalidArgument(f"header {name!r}", value, "must be bytes, str or None")
     return out
 
 

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from redrive import headers as h
-from redrive.errors import MalformedHeader
+from redrive.errors import InvalidArgument, MalformedHeader
 from redrive.record import Delivery, ErrorInfo, Origin
 
 foreign = st.lists(
@@ -95,3 +95,11 @@ def test_consumed_headers_with_a_null_value_get_empty_bytes() -> None:
     clean = [("a", b"1")]
     assert h.normalize(clean) is clean  # nothing to convert, nothing copied
     assert h.normalize(None) == []
+
+
+def test_a_header_value_that_is_not_bytes_str_or_none_is_refused_naming_the_header() -> None:
+    # bytes(5) wrote five zero bytes.
+    with pytest.raises(InvalidArgument, match=r"header 'n'.*5"):
+        h.normalize([("a", b"x"), ("n", 5)])
+    assert h.normalize([("a", bytearray(b"x")), ("b", "y"), ("c", None)]) == [
+        ("a", b"x"), ("b", b"y"), ("c", b"")]

@@ -44,7 +44,12 @@ def due_ms_of(delay: Duration | None, at: Instant | None, now: int) -> int:
     if isinstance(at, datetime):
         if at.tzinfo is None:
             raise InvalidArgument("at", at, "needs a time zone (a naive datetime is ambiguous)")
-        return round(at.timestamp() * 1000)
+        due = round(at.timestamp() * 1000)
+        if due > h.MAX_TIME_MS:
+            raise InvalidArgument("at", at, "is past the year 9999 (UTC)")
+        # A moment before 1970 is past like any other: delivered now, with a due time that
+        # redrive's readers take (they refuse negative ones).
+        return max(0, due)
     if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= h.MAX_TIME_MS:
         raise InvalidArgument("at", at, "expected an aware datetime or epoch milliseconds "
                               "up to the year 9999")

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
@@ -151,6 +151,12 @@ def test_due_time_from_delay_or_at() -> None:
         due_ms_of(None, -5, 0)
     with pytest.raises(InvalidArgument, match="invalid delay='-1s'"):
         due_ms_of("-1s", None, 0)
+    # An aware datetime out of the header's range: before 1970 is due at once, as any past
+    # moment, with a due time redrive reads (it wrote a negative one, then dead-lettered it as
+    # malformed); past 9999 in UTC is refused like the other forms.
+    assert due_ms_of(None, datetime(1925, 7, 22, tzinfo=UTC), 1_000) == 0
+    with pytest.raises(InvalidArgument, match=r"invalid at=.*year 9999"):
+        due_ms_of(None, datetime.max.replace(tzinfo=timezone(timedelta(hours=-5))), 0)
 
 
 def test_target_must_be_a_legal_topic_outside_the_service() -> None:
