@@ -51,6 +51,11 @@ class BoundBackend(abc.ABC):
         """Create what the group needs on the cluster; return warnings to log."""
         return []
 
+    def check(self, existing: Mapping[str, int]) -> None:
+        """Raise UnknownTopic for a topic the group needs and never creates itself, `existing`
+        being the cluster's topics (checked whether or not the runtime creates topics)."""
+        return None
+
     def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
         """The topics the group's copies wait in, each with the longest a copy waits there
         (ms): their retention must be longer (see redrive.retention)."""

@@ -62,7 +62,14 @@ class _DelayQueueBound(BoundBackend):
         return [plan.topic]
 
     def prepare(self, admin: AdminClient, plans: Mapping[str, topics.TopicPlan]) -> list[str]:
-        existing = kafka.topic_partitions(admin)
+        self.check(kafka.topic_partitions(admin))
+        warnings: list[str] = []
+        for plan in plans.values():
+            report = topics.ensure_topics(admin, own_topics(plan))
+            warnings.extend(str(mismatch) for mismatch in report.mismatched)
+        return warnings
+
+    def check(self, existing: Mapping[str, int]) -> None:
         for tier in self.tiers.topics:
             if tier not in existing:
                 # The service creates its tiers when it starts; a runtime must not guess their
@@ -70,11 +77,6 @@ class _DelayQueueBound(BoundBackend):
                 raise UnknownTopic(tier, "a delay tier of the DelayQueue backend: start the "
                                          "delay service (redrive delay run) with the same tiers "
                                          "first")
-        warnings: list[str] = []
-        for plan in plans.values():
-            report = topics.ensure_topics(admin, own_topics(plan))
-            warnings.extend(str(mismatch) for mismatch in report.mismatched)
-        return warnings
 
     def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
         return self.tiers.waits

@@ -206,6 +206,7 @@ class RetryingConsumer:
             self._partitions = kafka.topic_partitions(admin)
             if missing := [name for name in self.subscribed if name not in self._partitions]:
                 raise UnknownTopic(missing[0])
+            self._backend.check(self._partitions)
             retention.check(admin, self._backend.waits(self.plans))
             self._main_of.update(former_retry_topics(
                 self._connection, self.group, self.topics, self._main_of, self._partitions))

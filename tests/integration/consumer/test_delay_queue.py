@@ -133,12 +133,20 @@ def test_two_groups_retry_through_the_shared_tiers_and_each_counts_exactly(
         [f"{topic}.{billing.group}.dlt", f"{topic}.{shipping.group}.dlt"])
 
 
+@pytest.mark.parametrize("create_topics", [True, False])
 def test_a_missing_tier_fails_at_start_naming_it(
-        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        create_topics: bool) -> None:
+    # Without create_topics the tiers went unchecked, and the first failure's copy had nowhere
+    # to go.
     topic = new_topic()
+    group = unique_name("g")
+    if not create_topics:
+        new_topic(name=f"{topic}.{group}.dlt")
     tiers = Tiers.of(("100ms",), prefix=f"{unique_name('absent')}.delay")
-    consumer = RetryingConsumer(bootstrap, topic, unique_name("g"), RetryPolicy(),
-                                lambda record: None, retry_backend=DelayQueue(tiers))
+    consumer = RetryingConsumer(bootstrap, topic, group, RetryPolicy(),
+                                lambda record: None, retry_backend=DelayQueue(tiers),
+                                create_topics=create_topics)
     with pytest.raises(UnknownTopic, match=rf"{tiers.tiers[0].topic}.*delay tier"):
         consumer.start()
     consumer.close()
