@@ -26,12 +26,20 @@ assign per record.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from redrive import kafka
 from redrive.kafka.closing import close_within
@@ -330,6 +338,14 @@ class Readers:
         main, retry = self._split(partitions)
         if main:
             self.member.resume(main)
+            # The same one-second tick for a main partition (an in-place retry's 100 ms backoff
+            # waited about a second): sought again to its held offset, which Holds gives, it is
+            # fetched at once.
+            for p in main:
+                if p.offset >= 0:
+                    # Not assigned any more (lost): its next owner reads it.
+                    with contextlib.suppress(KafkaException):
+                        self.member.seek(p)
         parked = []
         for p in retry:
             tp = (p.topic, p.partition)
