@@ -531,8 +531,7 @@ class RetryingConsumer:
         if released:
             if self._brake is not None:
                 self._brake.released(released)
-            # Set where the holds change, not after the batch: a scrape taken while the
-            # released records are being handled must not still count their partitions.
+            # Set here, not after the batch: a scrape meanwhile must not count them as held.
             self.metrics.paused_partitions(len(self._holds))
 
     def _update_gauges(self) -> None:
