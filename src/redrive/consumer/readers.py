@@ -92,6 +92,8 @@ class Readers:
         # Where the reader was last placed in a partition (assigned at an offset, sought): its
         # position() is OFFSET_INVALID from then until it consumes a record there.
         self._placed: dict[tuple[str, int], int] = {}
+        # Where each main partition was last sought (a hold, a rewind), for its resume.
+        self._sought: dict[tuple[str, int], int] = {}
         # The retry records returned by the last consume_retries, by partition; those of a held
         # partition from its held record on are kept, and handed back first once it is resumed.
         self._returned: dict[tuple[str, int], list[Message]] = {}
@@ -339,13 +341,14 @@ class Readers:
         if main:
             self.member.resume(main)
             # The same one-second tick for a main partition (an in-place retry's 100 ms backoff
-            # waited about a second): sought again to its held offset, which Holds gives, it is
-            # fetched at once.
+            # waited about a second): sought again where it was last sought (its hold, or a
+            # rewind since; paused, it read nothing after), it is fetched at once.
             for p in main:
-                if p.offset >= 0:
+                offset = self._sought.pop((p.topic, p.partition), None)
+                if offset is not None:
                     # Not assigned any more (lost): its next owner reads it.
                     with contextlib.suppress(KafkaException):
-                        self.member.seek(p)
+                        self.member.seek(TopicPartition(p.topic, p.partition, offset))
         parked = []
         for p in retry:
             tp = (p.topic, p.partition)
@@ -380,6 +383,7 @@ class Readers:
             self._placed[tp] = partition.offset
         else:
             self.member.seek(partition)
+            self._sought[tp] = partition.offset
 
     def commit(self, **kwargs: Any) -> Any:
         return self.member.commit(**kwargs)

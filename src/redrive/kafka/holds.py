@@ -79,11 +79,10 @@ class Holds:
         """Resume and forget the holds of these partitions (due, rewound, revoked or lost);
         return those that were held."""
         held = [tp for tp in tps if tp in self._holds]
-        # Each with its held offset, for a consumer that seeks it there again (the runtime's
-        # Readers); librdkafka's resume ignores offsets.
-        resumed = [TopicPartition(tp[0], tp[1], self._holds.pop(tp).offset) for tp in held]
-        if resumed:
-            consumer.resume(resumed)
+        for tp in held:
+            del self._holds[tp]
+        if held:
+            consumer.resume([TopicPartition(topic, partition) for topic, partition in held])
         return held
 
     def wait_s(self, now_ms: int, longest_s: float) -> float:

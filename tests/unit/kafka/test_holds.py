@@ -44,8 +44,7 @@ def test_holds_release_when_due_and_bound_the_poll_wait() -> None:
     assert holds.release_due(consumer, 1_049) == []
     assert consumer.made == []
     assert holds.release_due(consumer, 1_050) == [A]
-    # With its held offset, for the runtime's Readers, which seek it there again.
-    assert consumer.made == [("resume", [("orders", 0, 7)])]
+    assert consumer.made == [("resume", [("orders", 0, -1001)])]
     assert A not in holds and B in holds and len(holds) == 1
 
 
@@ -54,6 +53,6 @@ def test_holds_released_on_revoke_resume_only_what_was_held() -> None:
     holds.hold(consumer, A, Hold(7, 5_000, Why.DUE, 0))
     consumer.made.clear()
     assert holds.release(consumer, [A, B]) == [A]
-    assert consumer.made == [("resume", [("orders", 0, 7)])]
+    assert consumer.made == [("resume", [("orders", 0, -1001)])]
     assert len(holds) == 0
     assert holds.release(consumer, [A]) == []
