@@ -473,6 +473,11 @@ class DelayService:
                 discard_producer(self._producer)
                 self._producer = self._new_producer()
             refused = not (outage or failed_for_good or passing_failure(exc))
+            if refused:
+                # A target deleted since it was checked is refused until it is checked again,
+                # and then dead-lettered instead of holding its tier partition for good.
+                self._targets.clear()
+                self._known_topics.clear()
             self._rewind(batch, refused=refused, why=exc)
             return
         self.health.ok()
