@@ -26,7 +26,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import (
@@ -49,7 +48,9 @@ from redrive.arguments import (
     check_text,
 )
 from redrive.clock import now_ms
+from redrive.delay.batch import Batch
 from redrive.delay.schedule import check_target
+from redrive.delay.settling import Landed, settle
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
 from redrive.errors import (
     DeliveryFailed,
@@ -105,24 +106,6 @@ Key = tuple[str, int]
 
 class DelayServiceError(RedriveError):
     """The service cannot go on (fenced by a newer instance, or a fatal client error)."""
-
-
-@dataclass
-class _Batch:
-    """What one poll forwards, and where to rewind to if that fails."""
-
-    out: list[kafka.OutRecord] = field(default_factory=list)
-    offsets: list[TopicPartition] = field(default_factory=list)
-    starts: dict[Key, int] = field(default_factory=dict)
-    hops: dict[str, int] = field(default_factory=dict)
-    delivered: dict[str, int] = field(default_factory=dict)
-    lateness_ms: list[int] = field(default_factory=list)
-    malformed: int = 0
-    sources: dict[str, set[Key]] = field(default_factory=dict)  # by topic written: read from
-
-    def add(self, source: Key, record: kafka.OutRecord) -> None:
-        self.out.append(record)
-        self.sources.setdefault(record.topic, set()).add(source)
 
 
 class _Malformed(Exception):
@@ -191,6 +174,7 @@ class DelayService:
         self._former: dict[str, Tier] = {}
         self._holds = Holds()
         self._refusals = Refusals()
+        self._landed = Landed()  # at-least-once, past a refused record
         self._known_topics: set[str] = set()
         self._targets: dict[bytes, str] = {}
         self._refreshed = False
@@ -280,6 +264,7 @@ class DelayService:
         # A partition this instance held starts afresh from its committed offset wherever it
         # goes next, this instance included: its hold and pause end here.
         self._holds.release(consumer, keys)
+        self._landed.drop(keys)
         for key in keys:
             self._tiers.pop(key, None)
         self.metrics.rebalanced("revoke")
@@ -312,7 +297,7 @@ class DelayService:
             raise DelayServiceError("the delay service is not running: call run()")
         return self._consumer
 
-    def _admit(self, messages: Sequence[Message], now: int) -> _Batch:
+    def _admit(self, messages: Sequence[Message], now: int) -> Batch:
         runs: dict[Key, list[Message]] = {}
         for message in messages:
             error = message.error()
@@ -337,11 +322,11 @@ class DelayService:
             if not self.health.failed(exc):
                 raise
             starts = {key: int(run[0].offset() or 0) for key, run in runs.items()}
-            self._rewind(_Batch(starts=starts), refused=False, why=exc)
-            return _Batch()
+            self._rewind(Batch(starts=starts), refused=False, why=exc)
+            return Batch()
 
-    def _admit_runs(self, runs: dict[Key, list[Message]], now: int) -> _Batch:
-        batch = _Batch()
+    def _admit_runs(self, runs: dict[Key, list[Message]], now: int) -> Batch:
+        batch = Batch()
         self._refreshed = False
         consumer = self._require_consumer()
         for key, run in runs.items():
@@ -360,15 +345,21 @@ class DelayService:
         return batch
 
     def _plan_run(self, run: Sequence[Message], tier: Tier, now: int,
-                  batch: _Batch) -> Iterator[int | None]:
+                  batch: Batch) -> Iterator[int | None]:
         """Yield each record's gate due time, adding its copy to the batch if it is due."""
         source = (str(run[0].topic()), int(run[0].partition() or 0))
+        landed = self._landed.of(source)
         for message in run:
+            offset = int(message.offset() or 0)
+            if landed is not None and offset in landed:
+                yield None  # forwarded already, by a try that was refused another record
+                continue
             record_headers = kafka.message_headers(message)
             try:
                 target, final_due = self._read(record_headers)
             except _Malformed as bad:
-                batch.add(source, self._dead_letter(message, record_headers, bad.error, now))
+                batch.add(source, offset,
+                          self._dead_letter(message, record_headers, bad.error, now))
                 batch.malformed += 1
                 yield None
                 continue
@@ -381,11 +372,12 @@ class DelayService:
             if due <= now:
                 next_tier = self.tiers.next_hop(final_due - now)
                 topic = target if next_tier is None else next_tier.topic
-                batch.add(source, kafka.OutRecord(topic, message.value(), message.key(),
-                                                  record_headers, timestamp_ms=now))
+                batch.add(source, offset, kafka.OutRecord(
+                    topic, message.value(), message.key(), record_headers, timestamp_ms=now))
                 if next_tier is None:
                     batch.delivered[target] = batch.delivered.get(target, 0) + 1
                     batch.lateness_ms.append(now - final_due)
+                    batch.late_by[len(batch.out) - 1] = now - final_due
                 else:
                     batch.hops[topic] = batch.hops.get(topic, 0) + 1
             yield due
@@ -447,12 +439,15 @@ class DelayService:
 
     # --- forwarding -------------------------------------------------------------------------
 
-    def _forward(self, batch: _Batch) -> None:
+    def _forward(self, batch: Batch) -> None:
         consumer = self._require_consumer()
         try:
             if self._transactions is not None:
                 self._transactions.commit(batch.out, batch.offsets,
                                           consumer.consumer_group_metadata())
+            elif any(key in self._refusals for key in batch.starts):
+                self._forward_each(batch)
+                return
             else:
                 assert self._producer is not None
                 kafka.produce_acked(self._producer, batch.out, self._timeout_s)
@@ -482,7 +477,30 @@ class DelayService:
             return
         self.health.ok()
         self._refusals.forget(batch.starts)
+        if self._landed:
+            self._landed.committed(batch.offsets)
         self._count(batch)
+
+    def _forward_each(self, batch: Batch) -> None:
+        """Forward at-least-once with each copy's own outcome (see settling)."""
+        assert self._producer is not None
+        consumer = self._require_consumer()
+        outcomes = kafka.produce_each(self._producer, batch.out, self._timeout_s)
+        settlement = settle(batch.origins, outcomes, batch.offsets)
+        self.health.ok()
+        self._landed.note(settlement, batch.origins)
+        consumer.commit(offsets=settlement.commits, asynchronous=True)
+        self._landed.committed(settlement.commits)
+        self._refusals.forget([key for key in batch.starts if key not in settlement.refused])
+        if settlement.refused:
+            # Only the refused records and those behind them that did not land are read again.
+            assert settlement.why is not None
+            self._targets.clear()  # as in _forward
+            self._known_topics.clear()
+            # No sources: every refused partition is held, whichever topic refused it.
+            self._rewind(Batch(out=batch.out, starts=settlement.refused), refused=True,
+                         why=settlement.why)
+        self._count(batch.part(settlement.landed, self.tiers.dead_letter))
 
     def _committed(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """The outcome of an at-least-once commit (served by the consumer's poll)."""
@@ -493,7 +511,7 @@ class DelayService:
         elif error is None and failed:
             log.warning("a commit failed for %s", ", ".join(failed))
 
-    def _rewind(self, batch: _Batch, *, refused: bool, why: BaseException) -> None:
+    def _rewind(self, batch: Batch, *, refused: bool, why: BaseException) -> None:
         """Read the batch's tier partitions again from its first records: at once after an
         outage or a failed producer, after a growing pause when the broker refused a copy,
         for the partitions whose records went to the topic that refused it (all of the batch's
@@ -515,7 +533,7 @@ class DelayService:
                 consumer.seek(TopicPartition(key[0], key[1], offset))
         self._report_paused()
 
-    def _count(self, batch: _Batch) -> None:
+    def _count(self, batch: Batch) -> None:
         for topic, count in [*batch.hops.items(), *batch.delivered.items()]:
             self.metrics.forwarded(topic, count)
         for late in batch.lateness_ms:

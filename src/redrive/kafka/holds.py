@@ -115,6 +115,9 @@ class Refusals:
     def __len__(self) -> int:
         return len(self._last_s)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._last_s
+
     def pause_s(self, key: Hashable) -> float:
         """The next pause of `key`, refused once more."""
         pause_s = min(self.LONGEST_S, self._last_s.get(key, self.FIRST_S / 2) * 2)

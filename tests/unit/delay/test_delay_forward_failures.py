@@ -13,7 +13,7 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.clock import now_ms
 from redrive.delay import DelayService
-from redrive.delay.service import _Batch
+from redrive.delay.batch import Batch
 from redrive.delay.tiers import DEFAULT_TIERS
 from redrive.kafka.transactions import TransactionAborted
 
@@ -62,8 +62,8 @@ def test_an_aborted_forward_is_held_only_when_a_copy_was_refused(
     service._consumer = consumer  # type: ignore[assignment]
     service._transactions = AbortingTransactions(error)  # type: ignore[assignment]
     service._tiers = {TIER: DEFAULT_TIERS.tiers[0]}
-    batch = _Batch()
-    batch.add(TIER, kafka.OutRecord("orders", b"v"))
+    batch = Batch()
+    batch.add(TIER, 7, kafka.OutRecord("orders", b"v"))
     batch.starts[TIER] = 7
     batch.offsets.append(TopicPartition(*TIER, 8))
     service._forward(batch)

@@ -1,0 +1,45 @@
+"""What one poll of the delay service forwards, and where to rewind to if that fails."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import TopicPartition
+
+from redrive import kafka
+
+Key = tuple[str, int]
+
+
+@dataclass
+class Batch:
+    out: list[kafka.OutRecord] = field(default_factory=list)
+    offsets: list[TopicPartition] = field(default_factory=list)
+    starts: dict[Key, int] = field(default_factory=dict)
+    hops: dict[str, int] = field(default_factory=dict)
+    delivered: dict[str, int] = field(default_factory=dict)
+    lateness_ms: list[int] = field(default_factory=list)
+    malformed: int = 0
+    sources: dict[str, set[Key]] = field(default_factory=dict)  # by topic written: read from
+    origins: list[tuple[Key, int]] = field(default_factory=list)  # each copy's record
+    late_by: dict[int, int] = field(default_factory=dict)  # lateness by copy, delivered ones
+
+    def add(self, source: Key, offset: int, record: kafka.OutRecord) -> None:
+        self.out.append(record)
+        self.origins.append((source, offset))
+        self.sources.setdefault(record.topic, set()).add(source)
+
+    def part(self, indexes: Iterable[int], dead_letter: str) -> Batch:
+        """The counts of only these copies (those the broker took)."""
+        part = Batch()
+        for index in indexes:
+            topic = self.out[index].topic
+            if topic == dead_letter:
+                part.malformed += 1
+            elif index in self.late_by:
+                part.delivered[topic] = part.delivered.get(topic, 0) + 1
+                part.lateness_ms.append(self.late_by[index])
+            else:
+                part.hops[topic] = part.hops.get(topic, 0) + 1
+        return part
