@@ -56,6 +56,11 @@ class BoundBackend(abc.ABC):
         being the cluster's topics (checked whether or not the runtime creates topics)."""
         return None
 
+    def copy_topics(self, plans: Mapping[str, topics.TopicPlan]) -> list[str]:
+        """The topics `failed` writes copies to: a Spark batch run again after a crash finds
+        there what its first run copied, not to copy it twice."""
+        return []
+
     def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
         """The topics the group's copies wait in, each with the longest a copy waits there
         (ms): their retention must be longer (see redrive.retention)."""

@@ -78,6 +78,10 @@ class _DelayQueueBound(BoundBackend):
                                          "delay service (redrive delay run) with the same tiers "
                                          "first")
 
+    def copy_topics(self, plans: Mapping[str, topics.TopicPlan]) -> list[str]:
+        return [*self.tiers.topics, *(plan.dead_letter for plan in plans.values()
+                                      if plan.dead_letter is not None)]
+
     def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
         return self.tiers.waits
 

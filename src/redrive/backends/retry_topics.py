@@ -31,6 +31,9 @@ class _TopicsBound(BoundBackend):
             warnings.extend(str(mismatch) for mismatch in report.mismatched)
         return warnings
 
+    def copy_topics(self, plans: Mapping[str, topics.TopicPlan]) -> list[str]:
+        return [name for plan in plans.values() for name in plan.created_topics]
+
     def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
         return {name: wait for plan in plans.values() for name, wait in plan.waits.items()}
 

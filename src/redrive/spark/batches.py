@@ -138,7 +138,8 @@ class BatchBody:
         report = BatchReport(batch_id)
         if self.backend is not None:
             try:
-                report = self._decided_on_driver(frame, batch_id, clock, as_rows, taken)
+                report = self._decided_on_driver(frame, batch_id, resumed, clock, as_rows,
+                                                 taken)
                 self.backend.flush()  # outcomes stored before Spark commits the batch
                 clock.done("store")
             except BaseException:
@@ -156,15 +157,16 @@ class BatchBody:
     def _producer(self) -> Any:
         return cached_producer(self.connection)
 
-    def _decided_on_driver(self, frame: Any, batch_id: int, clock: StepClock, as_rows: bool,
+    def _decided_on_driver(self, frame: Any, batch_id: int, resumed: ledger.Entry | None,
+                           clock: StepClock, as_rows: bool,
                            taken: dict[str, int]) -> BatchReport:
         if self.transform is not None:
-            return self._transformed(frame, batch_id, None, clock, as_rows, taken)
+            return self._transformed(frame, batch_id, resumed, clock, as_rows, taken)
         frame = frame.persist()
         try:
             skip = {place: reason for place, (reason, _) in self._admit(frame).items()}
             clock.done("admit")
-            return self._functions(frame, batch_id, skip, None, clock, taken)
+            return self._functions(frame, batch_id, skip, resumed, clock, taken)
         finally:
             frame.unpersist()
 
@@ -184,7 +186,8 @@ class BatchBody:
             if any(o.status == FAILED for o in outcomes):
                 failed = (processed.where(F.col("status") == FAILED)
                           .select(*tasks.ROUTING_COLUMNS))
-                routes = (self._route_to_backend(failed) if self.backend is not None
+                routes = (self._route_to_backend(failed, batch_id, resumed, clock, taken)
+                          if self.backend is not None
                           else self._route(failed, batch_id, resumed, clock, taken))
                 clock.done("route")
             if self.backend is not None:
@@ -271,7 +274,8 @@ class BatchBody:
                     rows = rows.unionByName(routing_rows(held.where(malformed), None))
                 if unfit:
                     rows = rows.unionByName(poison.routing_rows(held, unfit))
-                routes = (self._route_to_backend(rows) if self.backend is not None
+                routes = (self._route_to_backend(rows, batch_id, resumed, clock, taken)
+                          if self.backend is not None
                           else self._route(rows, batch_id, resumed, clock, taken,
                                            tallied.failed + bad + len(unfit)))
                 clock.done("route")
@@ -306,18 +310,25 @@ class BatchBody:
         """Copy failed rows with confirmation; a resumed batch skips copies already written.
         The marks taken before copying are kept in `taken` too, for a run again in this
         process. `failed`, when the batch has counted them, lets few be routed here."""
+        already = self._begin_routing(batch_id, resumed, clock, taken)
+        here = failed is not None and failed <= ROUTE_HERE_MAX
+        return tuple(route_rows(rows, self.connection, self.group, self.route_policy,
+                                self.partitions, already, here=here,
+                                fetched=partial(clock.done, "fetch")))
+
+    def _begin_routing(self, batch_id: int, resumed: ledger.Entry | None, clock: StepClock,
+                       taken: dict[str, int]) -> frozenset[ledger.CopyKey]:
+        """Mark the routing in the ledger, or find what a run before this one copied."""
         already, marks = ledger.begin_routing(
             self.connection, self._producer(), self.ledger_topic, batch_id,
-            {t: self.partitions.get(t, 0) for t in self.destinations}, resumed, self._names())
+            {t: self.partitions.get(t, 0) for t in self.destinations}, resumed, self._names(),
+            self.group)
         taken.update(marks)
         if resumed is not None and resumed.state == ledger.ROUTING:
             log.info("pipeline %s: batch %d resumes routing; %d copies already written",
                      self.group, batch_id, len(already))
         clock.done("ledger")
-        here = failed is not None and failed <= ROUTE_HERE_MAX
-        return tuple(route_rows(rows, self.connection, self.group, self.route_policy,
-                                self.partitions, already, here=here,
-                                fetched=partial(clock.done, "fetch")))
+        return already
 
     def _write_sink(self, successes: Any, batch_id: int) -> None:
         F = functions(successes)
@@ -372,11 +383,15 @@ class BatchBody:
                     verdict.value, record.delivery.attempt)
         return refused
 
-    def _route_to_backend(self, failed: Any) -> tuple[Routed, ...]:
-        """Route on executors, then hand each decision to the backend on the driver."""
+    def _route_to_backend(self, failed: Any, batch_id: int, resumed: ledger.Entry | None,
+                          clock: StepClock, taken: dict[str, int]) -> tuple[Routed, ...]:
+        """Route on executors, then hand each decision to the backend on the driver; copies
+        (the delay queue's) go through the ledger as the retry topics' do."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
         assert self.backend is not None
+        already = (self._begin_routing(batch_id, resumed, clock, taken) if self.destinations
+                   else frozenset())
         routed = failed.mapInArrow(
             partial(tasks.route_batches, policy=self.route_policy, group=self.group,
                     partitions=dict(self.partitions)),
@@ -389,7 +404,7 @@ class BatchBody:
             record = Record(row["source_topic"], -1, -1, -1, tasks.optional_bytes(row["key"]),
                             tasks.optional_bytes(row["value"]), pairs, h.read_delivery(pairs))
             copy = self.backend.failed(record, decision, self.partitions)
-            if copy is not None:
+            if copy is not None and ledger.copy_key(copy.headers) not in already:
                 copies.append(copy)
             counts[(row["kind"], row["reason"], row["attempt"], row["topic"],
                     row["source_topic"], row["source_attempt"])] += 1

@@ -220,7 +220,8 @@ def _copied_before(connection: kafka.Connection, admin: Any, group: str, policy:
     resumed = previous if (previous is not None and previous.batch == batch_id
                            and dict(previous.report) == report) else None
     already, _ = ledger.begin_routing(connection, cached_producer(connection), name, batch_id,
-                                      _destinations(policy, group, partitions), resumed, report)
+                                      _destinations(policy, group, partitions), resumed, report,
+                                      group)
     return already
 
 

@@ -106,13 +106,14 @@ class Follower:
 
 def begin_routing(connection: kafka.Connection, producer: Producer, topic: str, batch: int,
                   destinations: Mapping[str, int], resumed: Entry | None,
-                  report: Mapping[str, Any]) -> tuple[frozenset[CopyKey], dict[str, int]]:
+                  report: Mapping[str, Any],
+                  group: str) -> tuple[frozenset[CopyKey], dict[str, int]]:
     """What a batch does before it copies its failed records. Run again (`resumed` is its own
     routing entry), it finds the copies its earlier run wrote since that entry's marks; else it
     takes the end of every destination partition as its marks and appends them in a routing
     entry. Returns the copies already written and the marks taken (none when resumed)."""
     if resumed is not None and resumed.state == ROUTING:
-        return frozenset(copies_since(connection, resumed.marks)), {}
+        return frozenset(copies_since(connection, resumed.marks, group)), {}
     consumer = kafka.consumer(connection)
     try:
         marks = ends(consumer, destinations)
@@ -128,8 +129,10 @@ def ends(consumer: Consumer, partitions: Mapping[str, int]) -> dict[str, int]:
             for topic, count in partitions.items() for p in range(count)}
 
 
-def copies_since(connection: kafka.Connection, marks: Mapping[str, int]) -> set[CopyKey]:
-    """The copies written to the destination partitions since the marks were taken."""
+def copies_since(connection: kafka.Connection, marks: Mapping[str, int],
+                 group: str) -> set[CopyKey]:
+    """The copies `group` wrote to the destination partitions since the marks were taken
+    (the delay tiers hold every group's)."""
     consumer = kafka.consumer(connection)
     try:
         ranges = []
@@ -143,9 +146,11 @@ def copies_since(connection: kafka.Connection, marks: Mapping[str, int]) -> set[
     found: set[CopyKey] = set()
     if not ranges:
         return found
+    own = (group.encode(), None)
     for message in read_ranges(connection, ranges, idle_s=_READ_IDLE_S):
-        key = copy_key(message.headers() or [])
-        if key is not None:
+        headers = message.headers() or []
+        key = copy_key(headers)
+        if key is not None and h.last(h.normalize(headers), h.GROUP) in own:
             found.add(key)
     return found
 

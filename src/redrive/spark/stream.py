@@ -102,10 +102,9 @@ class Subscription:
 
     @property
     def destinations(self) -> list[str]:
-        """The topics failed records are copied to (retry and dead-letter topics)."""
-        if not self.topics_backend:
-            return []
-        return [name for plan in self.plans.values() for name in plan.created_topics]
+        """The topics failed records are copied to (retry and dead-letter topics, or the
+        delay tiers and dead-letter topics)."""
+        return self.backend.copy_topics(self.plans)
 
     def ensure_topics(self) -> dict[str, int]:
         """Create what the retry backend needs, and find the retry topics of an earlier policy

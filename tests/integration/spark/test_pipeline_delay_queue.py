@@ -11,17 +11,25 @@ from typing import Any
 
 import pytest
 
+from redrive import headers as h
 from redrive import kafka
 from redrive.backends import DelayQueue
+from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
-from redrive.delay import DelayService, Tiers
+from redrive.delay import DelayService, Tiers, ensure_topics
 from redrive.policy import Backoff, RetryPolicy
-from redrive.record import Record
+from redrive.record import ErrorInfo, Record
+from redrive.routing import route
 from redrive.spark import RetryPipeline
+from redrive.spark.ledger import DONE, ROUTING, Entry, append
+from redrive.spark.tasks import record_of
 
 from ..background import Background, Runnable
 from ..consumer.conftest import FAST_GROUP, Running, wait_until
-from .test_pipeline import FORMS, collecting_sink, produce
+from .conftest import query_checkpoint
+from .test_dataframe_form import POLICY, transform
+from .test_dataframe_form import produce as df_produce
+from .test_pipeline import FORMS, collecting_sink, produce, read_all
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -83,3 +91,64 @@ def test_failures_wait_in_the_shared_tiers_and_come_back_for_this_pipeline_only(
     assert (high - low) + (high1 - low1) == 2
     # the copies came back to `topic` through the tiers
     assert service.metrics.total("redrive_forwarded_total") >= 4 + 2 * 2 + 8
+
+
+@pytest.mark.parametrize("dies", ["after-copying", "before-copying"])
+def test_a_batch_run_again_copies_through_the_tiers_once_and_tells_its_copies_from_others(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, dies: str) -> None:
+    """The driver dies after the batch copied its failures to the shared tiers, or after it
+    marked the routing but before it copied (while another group copied the same records, at
+    the same attempt, to the same tier). Run again, the batch copies each failure once: the
+    delay queue's copies went around the batch ledger, and a run again copied them all twice."""
+    topic, group = new_topic(), unique_name("dqagain")
+    tiers = Tiers.of(("100ms", "1s"), prefix=f"{unique_name('sdq')}.delay")
+    ensure_topics(bootstrap, tiers, partitions=1)
+    df_produce(bootstrap, topic, ["ok"] * 2 + ["bad"] * 2 + ["flaky"] * 2)
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
+                             sink=str(tmp_path / "out"),
+                             checkpoint=query_checkpoint(tmp_path / "cp"),
+                             retry_backend=DelayQueue(tiers))
+    pipeline.ensure_topics()
+    body = pipeline.body()
+    frame = spark.read.format("redrive-kafka").options(
+        **{"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true",
+           "redrive.decodeHeaders": "true", "startingOffsets": "earliest",
+           "endingOffsets": "latest"}).load()
+    other = DelayQueue(tiers).bind("other-group")
+    partitions = kafka.topic_partitions(kafka.admin(bootstrap))
+    written = append
+    entries: list[str] = []
+
+    def dying(producer: Any, name: str, entry: Entry) -> None:
+        entries.append(entry.state)
+        if entries.count(DONE) == 1 and entry.state == DONE and dies == "after-copying":
+            raise RuntimeError("the driver died after copying")
+        written(producer, name, entry)
+        if entries == [ROUTING] and dies == "before-copying":
+            copies = []
+            for row in frame.where("CAST(value AS STRING) LIKE 'flaky%'").collect():
+                record = record_of(row.asDict())
+                decision = route(record, ErrorInfo("TimeoutError", "slow upstream"), POLICY,
+                                 now_ms(), group="other-group")
+                copies.append(other.failed(record, decision, partitions))
+            kafka.produce_confirmed(kafka.producer(bootstrap), [c for c in copies if c])
+            raise RuntimeError("the driver died before copying")
+
+    monkeypatch.setattr("redrive.spark.ledger.append", dying)
+    with pytest.raises(RuntimeError, match="the driver died"):
+        body(frame, 0)
+    body(frame, 0)
+
+    in_tiers = [m for tier in tiers.topics for m in read_all(bootstrap, tier)]
+    by_group = Counter((h.text_of(kafka.message_headers(m), h.GROUP),
+                        h.read_delivery(kafka.message_headers(m)).original.offset)  # type: ignore
+                       for m in in_tiers)
+    others = 2 if dies == "before-copying" else 0
+    assert by_group == Counter({(group, 4): 1, (group, 5): 1,
+                                **({("other-group", 4): 1, ("other-group", 5): 1}
+                                   if others else {})})
+    dead = read_all(bootstrap, f"{topic}.{group}.dlt")
+    assert sorted(h.read_delivery(kafka.message_headers(m)).original.offset  # type: ignore
+                  for m in dead) == [2, 3]
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 2
