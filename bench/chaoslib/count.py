@@ -9,7 +9,7 @@ store), and the copies redrive made on the way, and turns them into one Outcome.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,6 +139,34 @@ def passed_over(numbers: Iterable[int], copies: Iterable[Read], handled: set[tup
         if (copy.number, int(attempt)) not in handled and first_abort < copy.offset:
             found.setdefault(copy.number, copy)
     return found
+
+
+def hidden(found: dict[int, Read],
+           visible: Callable[[int, int], set[int]]) -> dict[int, Read]:
+    """Of the copies passed_over found, those the deviation does hide: a read_committed reader
+    starting at the copies of a partition does not get them (`visible(partition, start)`: the
+    offsets such a reader gets). Only the copies of a producer with an aborted transaction
+    before them are hidden; a copy the reader gets was there to be read, and its number is lost
+    or stuck to redrive, not to the broker."""
+    starts: dict[int, int] = {}
+    for copy in found.values():
+        starts[copy.partition] = min(copy.offset, starts.get(copy.partition, copy.offset))
+    seen = {partition: visible(partition, start) for partition, start in starts.items()}
+    return {n: copy for n, copy in found.items() if copy.offset not in seen[copy.partition]}
+
+
+def visible_from(bootstrap: str, topic: str) -> Callable[[int, int], set[int]]:
+    """For hidden(): the offsets a read_committed reader of `topic` starting at `start` gets."""
+    def visible(partition: int, start: int) -> set[int]:
+        probe = kafka.consumer(bootstrap)
+        try:
+            high = kafka.watermarks(probe, topic, partition)[1]
+        finally:
+            probe.close()
+        ranges = [PartitionRange(topic, partition, start, high)]
+        return {int(m.offset() or 0) for m in read_ranges(
+            {"bootstrap.servers": bootstrap}, ranges, idle_s=10)}
+    return visible
 
 
 def stuck_note(numbers: set[int], in_flight: Iterable[Read], commits: dict[str, dict[int, int]],

@@ -20,10 +20,12 @@ from chaoslib.count import (
     committed,
     copy_key,
     handled_attempts,
+    hidden,
     passed_over,
     read_topic,
     repeats,
     stuck_note,
+    visible_from,
     waiting,
 )
 from chaoslib.procs import Part
@@ -72,8 +74,11 @@ def finish(run: ConsumerRun, fault: str, mode: str, sizes: Sizes) -> Outcome:
     aborted = aborted_offsets(run.bootstrap, run.retry_topic)
     if transactional:
         handled = handled_attempts(run.sink_lines())
-        outcome.set_apart(passed_over(outcome.lost_numbers, copies, handled, aborted))
-        outcome.set_apart_stuck(passed_over(outcome.stuck_numbers, copies, handled, aborted))
+        visible = visible_from(run.bootstrap, run.retry_topic)
+        outcome.set_apart(hidden(passed_over(outcome.lost_numbers, copies, handled, aborted),
+                                 visible))
+        outcome.set_apart_stuck(hidden(
+            passed_over(outcome.stuck_numbers, copies, handled, aborted), visible))
     if outcome.stuck:
         commits = {topic: committed(run.bootstrap, run.group, topic)
                    for topic in (run.topic, run.retry_topic)}

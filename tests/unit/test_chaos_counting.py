@@ -43,6 +43,20 @@ def test_only_a_copy_never_handled_behind_an_abort_in_its_partition_counts_as_pa
     assert {n: (r.partition, r.offset) for n, r in found.items()} == {1407: (0, 58)}
 
 
+def test_only_copies_a_reader_starting_at_them_does_not_get_stay_passed_over() -> None:
+    """An abort earlier in the partition excuses only the copies it hides: those of the
+    producer that aborted. Another producer's copy, never handled, is a loss of redrive's."""
+    found = {1: copy(1, 1, 0, 50), 2: copy(2, 1, 0, 52), 3: copy(3, 1, 1, 9)}
+    asked: list[tuple[int, int]] = []
+
+    def visible(partition: int, start: int) -> set[int]:
+        asked.append((partition, start))
+        return {52} if partition == 0 else set()
+
+    assert count.hidden(found, visible) == {1: found[1], 3: found[3]}
+    assert sorted(asked) == [(0, 50), (1, 9)]
+
+
 def test_a_copy_with_no_readable_attempt_is_not_counted() -> None:
     bad = count.Read(RETRY, 0, 3, b"5", [(h.ATTEMPT, b"x")])
     assert count.passed_over({5}, [bad], set(), {0: [1]}) == {}
