@@ -50,6 +50,12 @@ SEEDS = Path(__file__).parent / "seeds"
 SCHEMA = to_arrow_schema(kafka_schema(True), timezone="UTC")
 # Values a mutation writes over a 32-bit field: lengths and counts at and past their edges.
 EDGES = (0, 1, -1, 2, 0x7F, 0x80, 0xFF, 0x7FFF, 0x8000, 0xFFFF, 0x7FFFFFFF, -0x80000000, 61, 12)
+# Over a 64-bit field (base offset, timestamps, producer id): where offset and time arithmetic
+# overflows.
+EDGES64 = (0, -1, 2**63 - 1, -(2**63), 2**63 - 2, 2**62, 2**32, -(2**32), 0x7FFFFFFF)
+# Over a varint (a record's lengths and deltas): the longest ones, at both ends of zigzag.
+VARINTS = (b"\xfe" + b"\xff" * 8 + b"\x01", b"\xff" * 9 + b"\x01", b"\xff" * 10,
+           b"\xfe\xff\xff\xff\x0f", b"\xff\xff\xff\xff\x0f", b"\x80" * 9)
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,8 @@ def wire_batch(rng: random.Random, base: int) -> tuple[bytes, int]:
 
 def generated(rng: random.Random) -> tuple[bytes, int, int]:
     """Answers of generated batches, and the range they span."""
-    first = rng.choice((0, 5, 1_000, 2**40))
+    # The last one leaves room for the offsets a generated stream spans (at most about 600).
+    first = rng.choice((0, 5, 1_000, 2**40, 2**63 - 10_000))
     at = first
     stream = []
     for correlation in range(1, rng.randrange(2, 5)):
@@ -159,8 +166,13 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
             out[at] ^= 1 << rng.randrange(8)
         elif roll < 0.5:
             out[at] = rng.choice((0, 1, 0x7F, 0x80, 0xFF))
-        elif roll < 0.7 and at + 4 <= len(out):
+        elif roll < 0.62 and at + 4 <= len(out):
             struct.pack_into(">i", out, at, rng.choice(EDGES))
+        elif roll < 0.7 and at + 8 <= len(out):
+            struct.pack_into(">q", out, at, rng.choice(EDGES64))
+        elif roll < 0.75:
+            varint = rng.choice(VARINTS)
+            out[at:at + len(varint)] = varint
         elif roll < 0.8:
             del out[at:]
         elif roll < 0.9:

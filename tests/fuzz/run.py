@@ -54,22 +54,29 @@ def fuzz(builds: Path, inputs: int, workers: int, seed: int, findings: Path = FI
             running.append((seed + worker, current, subprocess.Popen(
                 command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True)))
-        found, reports, loaded = 0, [], set()
+        found, reports, loaded, ran = 0, [], set(), 0
         for worker_seed, current, process in running:
             out, err = process.communicate()
             summary = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
             if summary is not None:  # the process ran to its end; findings of the contract
                 found += summary["findings"]
+                ran += summary["inputs"]
                 loaded.add(summary["extension"])
                 if summary["findings"]:
                     reports.append(err[-2000:])
+                if process.returncode != 0:
+                    # A report or a crash after the last input (at the interpreter's exit).
+                    found += 1
+                    reports.append(f"seed {worker_seed} ended with exit {process.returncode} "
+                                   f"after its summary:\n{err[-4000:]}")
                 continue
             found += 1
             index = struct.unpack(">q", current.read_bytes()[:8])[0] if current.exists() else -1
+            ran += max(0, index + 1)  # inputs are numbered from 0; index is the one it died on
             reports.append(f"seed {worker_seed}, input {index} ended the process "
                            f"(exit {process.returncode}); replay it with --seed {worker_seed} "
                            f"--first {index} --inputs 1:\n{err[-4000:]}")
-    return Outcome(inputs * workers, found, "\n".join(reports), frozenset(loaded))
+    return Outcome(ran, found, "\n".join(reports), frozenset(loaded))
 
 
 def reader_tests(builds: Path, tests: tuple[str, ...] = READER_TESTS

@@ -67,27 +67,46 @@ def environment(builds: Path) -> Mapping[str, str]:
 
 
 def load(module: str, path: Path) -> None:
-    """Import the build at `path` as `module`, ahead of the installed one."""
+    """Import the build at `path` as `module`, ahead of the installed one; its package is
+    imported later (see load_builds)."""
     loader = importlib.machinery.ExtensionFileLoader(module, str(path))
     spec = importlib.util.spec_from_file_location(module, path, loader=loader)
     assert spec is not None
     loaded = importlib.util.module_from_spec(spec)
     loader.exec_module(loaded)
     sys.modules[module] = loaded
-    parent, _, name = module.rpartition(".")
-    setattr(importlib.import_module(parent), name, loaded)
 
 
 def load_builds() -> bool:
-    """Load the builds REDRIVE_SANITIZED names, if it names any."""
+    """Load the builds REDRIVE_SANITIZED names, if it names any. Every build is in sys.modules
+    before any package is imported: a package imported for one would bind the installed
+    extension of another (redrive.spark imports redrive.headers, which takes _headers)."""
     builds = os.environ.get("REDRIVE_SANITIZED")
     if not builds:
         return False
+    loaded = []
     for module, _, _ in EXTENSIONS:
         path = Path(builds) / (module.rsplit(".", 1)[1] + ".so")
         if path.exists():
             load(module, path)
+            loaded.append(module)
+    for module in loaded:
+        parent, _, name = module.rpartition(".")
+        setattr(importlib.import_module(parent), name, sys.modules[module])
     return True
+
+
+def bound() -> dict[str, str]:
+    """The file of each C extension as the modules that call it bound it."""
+    from redrive import headers
+    from redrive.consumer import plain
+    from redrive.spark import _fetchread
+
+    return {"redrive.headers": str(getattr(headers._headers, "__file__", None)),
+            # A C function's __self__ is the module that defines it.
+            "redrive.consumer.plain": str(getattr(getattr(plain.handle_plain, "__self__", None),
+                                                  "__file__", None)),
+            "redrive.spark._fetchread": str(_fetchread.__file__)}
 
 
 def pytest_load_initial_conftests() -> None:
