@@ -94,6 +94,8 @@ class Readers:
         self._placed: dict[tuple[str, int], int] = {}
         # Where each main partition was last sought (a hold, a rewind), for its resume.
         self._sought: dict[tuple[str, int], int] = {}
+        # Retry partitions held, sought or revoked during the current consume() (see there).
+        self._moved: set[tuple[str, int]] = set()
         # The retry records returned by the last consume_retries, by partition; those of a held
         # partition from its held record on are kept, and handed back first once it is resumed.
         self._returned: dict[tuple[str, int], list[Message]] = {}
@@ -163,6 +165,7 @@ class Readers:
     def revoked(self, partitions: Sequence[TopicPartition]) -> None:
         """Called from the member's revoke or lost callback, once nothing of them is pending."""
         _, retry = self._split(partitions)
+        self._moved.update((str(p.topic), int(p.partition)) for p in retry)
         mine = [(str(p.topic), int(p.partition)) for p in retry
                 if (p.topic, p.partition) in self._reading]
         if not mine or self.reader is None:
@@ -267,12 +270,21 @@ class Readers:
                 key, OFFSET_INVALID)
         self._wake_at = now + REST_S
 
-    def consume(self, count: int, wait_s: float) -> list[Message]:
+    def consume(self, count: int, wait_s: float, retries: list[Message]) -> list[Message]:
+        """The member's records after `retries`, the reader's taken just before: one batch, so
+        one commit (retry and main partitions are distinct, so each partition's records stay in
+        order). A retry partition that a callback of this call held, sought or revoked loses its
+        records in hand: the reader was placed at or below them, and handled now they would be
+        committed past the record it was placed at (a copy refused while a cooperative revoke
+        settled the copies in flight)."""
+        self._moved.clear()
         messages = self.member.consume(count, wait_s)
         retry_topics = self._retry_topics
         if retry_topics and [m for m in messages if m.topic() in retry_topics]:
-            return self._drop_strays(messages)
-        return messages
+            messages = self._drop_strays(messages)
+        if retries and self._moved:
+            retries = [m for m in retries if (m.topic(), m.partition()) not in self._moved]
+        return retries + messages if retries else messages
 
     def _drop_strays(self, messages: list[Message]) -> list[Message]:
         """Take out records of retry partitions, which the member holds paused, and pause them
@@ -310,6 +322,7 @@ class Readers:
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         main, retry = self._split(partitions)
+        self._moved.update((p.topic, p.partition) for p in retry)
         if main:
             self.member.pause(main)
         parked = [p for p in retry if (p.topic, p.partition) in self._reading]
@@ -367,6 +380,8 @@ class Readers:
 
     def seek(self, partition: TopicPartition) -> None:
         tp = (partition.topic, partition.partition)
+        if partition.topic in self._retry_topics:
+            self._moved.add(tp)
         if tp in self._parked:
             self._parked[tp] = partition.offset
             kept = self._kept.get(tp)

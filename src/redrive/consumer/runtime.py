@@ -253,11 +253,8 @@ class RetryingConsumer:
                     retries = consumer.consume_retries(self._pace.most)  # [] if it reads none
                     if consumer.reading_retries:
                         wait_s = 0.0 if retries else min(wait_s, RETRY_POLL_S)
-                    messages = consumer.consume(self._pace.size(consumer.reading_retries), wait_s)
-                    if retries:
-                        # One batch, so one commit: retry and main partitions are distinct, so
-                        # each partition's records stay in order.
-                        messages = retries + messages
+                    messages = consumer.consume(self._pace.size(consumer.reading_retries), wait_s,
+                                                retries)
                     if messages:
                         self._handle_batch(messages)
                     elif committer.unconfirmed:

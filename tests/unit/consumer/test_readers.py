@@ -265,11 +265,37 @@ def test_records_of_retry_partitions_handed_to_the_member_are_left_to_the_reader
     main: list[Any] = [Message(MAIN, 0, offset=o) for o in range(3)]
     strays: list[Any] = [Message(RETRY, 1, offset=o) for o in range(2)]
     member.queue = [main[0], *strays, main[1], main[2]]
-    assert readers.consume(10, 0) == main
+    assert readers.consume(10, 0, []) == main
     assert member.made == [("pause", [(RETRY, 1, OFFSET_INVALID)])]
     failed: Any = Message(RETRY, 0, eof=True)  # an error event is the run loop's to report
     member.queue = [main[0], failed]
-    assert readers.consume(10, 0) == [main[0], failed]
+    assert readers.consume(10, 0, []) == [main[0], failed]
     assert member.made == [("pause", [(RETRY, 1, OFFSET_INVALID)])]
     member.queue = list(main)
-    assert readers.consume(10, 0) == main
+    assert readers.consume(10, 0, []) == main
+
+
+def test_retry_records_in_hand_of_a_partition_a_callback_moved_are_not_handled() -> None:
+    """A cooperative revoke settles the copies in flight inside the member's consume(): a copy
+    refused holds the retry partitions kept at the batch's first record, an unanswered one
+    rewinds them. The reader's records taken just before were handled and committed past it."""
+    readers, member, reader = started()
+    in_hand: list[Any] = [Message(RETRY, 0, offset=o) for o in (5, 6)] + [Message(RETRY, 1,
+                                                                                  offset=3)]
+    reader.queue = list(in_hand)
+    retries = readers.consume_retries(10)
+    main: list[Any] = [Message(MAIN, 0, offset=9)]
+
+    def settled_in_callback(count: int, wait_s: float) -> list[Any]:
+        readers.pause([TopicPartition(RETRY, 0, 2)])  # as Holds does it: pause, then seek
+        readers.seek(TopicPartition(RETRY, 0, 2))
+        return main
+
+    member.consume = settled_in_callback  # type: ignore[method-assign]
+    assert readers.consume(10, 0, retries) == [in_hand[2], *main]
+    # Nothing moved in the next call: the records in hand all go on.
+    member.consume = lambda count, wait_s: []  # type: ignore[method-assign]
+    assert readers.consume(10, 0, [in_hand[2]]) == [in_hand[2]]
+    # A rewind (seek) of a partition being read drops its records in hand too.
+    member.consume = lambda count, wait_s: readers.seek(TopicPartition(RETRY, 1, 1)) or []
+    assert readers.consume(10, 0, [in_hand[2]]) == []
