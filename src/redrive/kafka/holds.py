@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from confluent_kafka import TopicPartition
@@ -64,7 +64,12 @@ class Holds:
         return len(self._holds)
 
     def hold(self, consumer: Pausable, tp: PartitionKey, hold: Hold) -> None:
-        """Pause `tp` and seek it back to `hold.offset` until `hold.until_ms`."""
+        """Pause `tp` and seek it back to `hold.offset` until `hold.until_ms`. A brake's hold
+        stays one, moved to the lower offset: only a resume or the cool-off ends it, not the
+        end of a refusal's pause that rewound below it."""
+        held = self._holds.get(tp)
+        if held is not None and held.why is Why.BRAKE and hold.why is not Why.BRAKE:
+            hold = replace(held, offset=min(held.offset, hold.offset))
         position = TopicPartition(tp[0], tp[1], hold.offset)
         consumer.pause([position])
         consumer.seek(position)

@@ -56,3 +56,17 @@ def test_holds_released_on_revoke_resume_only_what_was_held() -> None:
     assert consumer.made == [("resume", [("orders", 0, -1001)])]
     assert len(holds) == 0
     assert holds.release(consumer, [A]) == []
+
+
+def test_a_brakes_hold_is_not_ended_by_a_refusal_that_rewinds_below_it() -> None:
+    """A refused copy of an earlier record of the batch rewinds the partition: its 1 s hold
+    replaced the brake's, whose end then let the limit be passed without an operator."""
+    holds, consumer = Holds(), Calls()
+    holds.hold(consumer, A, Hold(40, 10**15, Why.BRAKE, 900))
+    holds.hold(consumer, A, Hold(35, 2_000, Why.REFUSED, 1_000))
+    assert consumer.made[-1] == ("seek", [("orders", 0, 35)])
+    assert holds.release_due(consumer, 3_000) == []
+    assert A in holds
+    holds.hold(consumer, A, Hold(38, 2_000, Why.REFUSED, 1_000))  # never above the lowest
+    assert consumer.made[-1] == ("seek", [("orders", 0, 35)])
+    assert holds.release(consumer, [A]) == [A]  # a resume
