@@ -19,7 +19,6 @@ class Batch:
     starts: dict[Key, int] = field(default_factory=dict)
     hops: dict[str, int] = field(default_factory=dict)
     delivered: dict[str, int] = field(default_factory=dict)
-    lateness_ms: list[int] = field(default_factory=list)
     malformed: int = 0
     sources: dict[str, set[Key]] = field(default_factory=dict)  # by topic written: read from
     origins: list[tuple[Key, int]] = field(default_factory=list)  # each copy's record
@@ -39,7 +38,7 @@ class Batch:
                 part.malformed += 1
             elif index in self.late_by:
                 part.delivered[topic] = part.delivered.get(topic, 0) + 1
-                part.lateness_ms.append(self.late_by[index])
+                part.late_by[index] = self.late_by[index]
             else:
                 part.hops[topic] = part.hops.get(topic, 0) + 1
         return part

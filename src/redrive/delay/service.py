@@ -376,7 +376,6 @@ class DelayService:
                     topic, message.value(), message.key(), record_headers, timestamp_ms=now))
                 if next_tier is None:
                     batch.delivered[target] = batch.delivered.get(target, 0) + 1
-                    batch.lateness_ms.append(now - final_due)
                     batch.late_by[len(batch.out) - 1] = now - final_due
                 else:
                     batch.hops[topic] = batch.hops.get(topic, 0) + 1
@@ -536,7 +535,7 @@ class DelayService:
     def _count(self, batch: Batch) -> None:
         for topic, count in [*batch.hops.items(), *batch.delivered.items()]:
             self.metrics.forwarded(topic, count)
-        for late in batch.lateness_ms:
+        for late in batch.late_by.values():
             self.metrics.late_by(late / 1000)
         for _ in range(batch.malformed):
             self.metrics.dead_lettered(self.tiers.dead_letter, "malformed")
