@@ -120,6 +120,15 @@ def copy_key(read: Read) -> tuple[str | None, str | None, str | None, str | None
             read.header(h.ORIGINAL_OFFSET), read.header(h.ATTEMPT))
 
 
+def unwanted_copies(copies: Iterable[Read], wanted: Callable[[int], set[int]]) -> int:
+    """Retry copies the workload never asks for (`wanted(number)`: the attempts a number's
+    copies go to): a copy of a record that did not fail, or one under an attempt its failures
+    do not reach. Copies made twice under the same attempt are counted by copy_key apart."""
+    return sum(1 for copy in copies
+               if copy.number < 0 or not (copy.header(h.ATTEMPT) or "").isdigit()
+               or int(copy.header(h.ATTEMPT) or 0) not in wanted(copy.number))
+
+
 def passed_over(numbers: Iterable[int], copies: Iterable[Read], handled: set[tuple[int, int]],
                 aborted: dict[int, list[int]]) -> dict[int, Read]:
     """Of these unfinished numbers, those whose copy for an attempt never handled is committed

@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from chaoslib import workload
 from chaoslib.count import (
     AT_LEAST_ONCE,
     CLEAN_STOP,
@@ -25,6 +26,7 @@ from chaoslib.count import (
     read_topic,
     repeats,
     stuck_note,
+    unwanted_copies,
     visible_from,
     waiting,
 )
@@ -67,7 +69,7 @@ def finish(run: ConsumerRun, fault: str, mode: str, sizes: Sizes) -> Outcome:
     outcome.tally(run.expected, run.successes(), run.dead(),
                   in_flight={r.number for r in in_flight},
                   copies_twice=repeats(Counter(copy_key(c) for c in copies))
-                  if transactional else 0,
+                  + unwanted_copies(copies, workload.retry_attempts) if transactional else 0,
                   sink_covered=not transactional)
     if not (outcome.lost or outcome.stuck):
         return outcome

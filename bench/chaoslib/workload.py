@@ -26,5 +26,12 @@ def fails(number: int, attempt: int) -> bool:
     return always_fails(number) or (fails_once(number) and attempt == 0)
 
 
+def retry_attempts(number: int) -> set[int]:
+    """The attempts a number's retry copies go to: after each failure but the last."""
+    if always_fails(number):
+        return set(range(1, ATTEMPTS))
+    return {1} if fails_once(number) else set()
+
+
 def values(count: int) -> list[bytes]:
     return [str(n).encode() for n in range(count)]

@@ -93,3 +93,14 @@ def test_a_stuck_note_says_where_each_waits_beside_the_commits_and_first_aborts(
     assert note == ("stuck: 4 at t[0]@9, 5 at t.g.retry.500ms[2]@44; commits {'t': {0: 9}, "
                     "'t.g.retry.500ms': {2: 40}}; first aborted record by retry partition "
                     "{2: 41}")
+
+
+def test_copies_the_workload_never_asks_for_are_counted() -> None:
+    """A copy of a record that did not fail, or under an attempt its failures do not reach:
+    in transactional mode each is a duplicate, not a re-handled record."""
+    wanted = {3: {1}, 7: {1, 2}, 1: set()}
+    copies = [copy(3, 1, 0, 1), copy(7, 1, 0, 2), copy(7, 2, 0, 3),  # as asked
+              copy(3, 2, 0, 4),                                       # 3 fails once only
+              copy(1, 1, 0, 5),                                       # 1 never fails
+              count.Read(RETRY, 0, 6, b"x", [(h.ATTEMPT, b"1")])]      # no number
+    assert count.unwanted_copies(copies, lambda n: wanted.get(n, set())) == 3
