@@ -468,10 +468,7 @@ class DelayService:
                 self._producer = self._new_producer()
             refused = not (outage or failed_for_good or passing_failure(exc))
             if refused:
-                # A target deleted since it was checked is refused until it is checked again,
-                # and then dead-lettered instead of holding its tier partition for good.
-                self._targets.clear()
-                self._known_topics.clear()
+                self._forget_targets()
             self._rewind(batch, refused=refused, why=exc)
             return
         self.health.ok()
@@ -479,6 +476,12 @@ class DelayService:
         if self._landed:
             self._landed.committed(batch.offsets)
         self._count(batch)
+
+    def _forget_targets(self) -> None:
+        """After a refusal: a target deleted since it was checked is refused until it is
+        checked again, and then dead-lettered instead of holding its tier partition for good."""
+        self._targets.clear()
+        self._known_topics.clear()
 
     def _forward_each(self, batch: Batch) -> None:
         """Forward at-least-once with each copy's own outcome (see settling)."""
@@ -494,8 +497,7 @@ class DelayService:
         if settlement.refused:
             # Only the refused records and those behind them that did not land are read again.
             assert settlement.why is not None
-            self._targets.clear()  # as in _forward
-            self._known_topics.clear()
+            self._forget_targets()
             # No sources: every refused partition is held, whichever topic refused it.
             self._rewind(Batch(out=batch.out, starts=settlement.refused), refused=True,
                          why=settlement.why)

@@ -404,7 +404,7 @@ class BatchBody:
             record = Record(row["source_topic"], -1, -1, -1, tasks.optional_bytes(row["key"]),
                             tasks.optional_bytes(row["value"]), pairs, h.read_delivery(pairs))
             copy = self.backend.failed(record, decision, self.partitions)
-            if copy is not None and ledger.copy_key(copy.headers) not in already:
+            if copy is not None and not (already and ledger.copy_key(copy.headers) in already):
                 copies.append(copy)
             counts[(row["kind"], row["reason"], row["attempt"], row["topic"],
                     row["source_topic"], row["source_attempt"])] += 1
