@@ -23,6 +23,8 @@ class Copy:
     record: OutRecord | None  # None: dead-lettered with no dead-letter topic (dropped)
     decision: Retry | DeadLetter
     main_topic: str
+    tp: PartitionKey  # where the copied record was read
+    offset: int
 
 
 @dataclass
@@ -45,10 +47,10 @@ class Batch:
     def stop(self, tp: PartitionKey) -> None:
         self.stopped.add(tp)
 
-    def route(self, tp: PartitionKey, offset: int, copy: Copy) -> None:
+    def route(self, copy: Copy) -> None:
         self.copies.append(copy)
-        self.copied.add(tp)
-        self.finished[tp] = offset
+        self.copied.add(copy.tp)
+        self.finished[copy.tp] = copy.offset
 
     def commit_offsets(self) -> dict[PartitionKey, int]:
         """The offsets to commit: the next record to read on each partition that moved."""

@@ -7,9 +7,13 @@ batch, are acknowledged by the broker: commits move forward in batch order on ev
 never past a record whose copy is not acknowledged.
 
 When a delivery fails (or stays unconfirmed past the timeout), the first unconfirmed batch and
-every later one are dropped without being committed, and `settle` says where to seek each of their
-partitions back to: the earliest record any of them holds there. Their records are handled again
-(at-least-once; copies already written may be written twice, never lost).
+every later one are dropped, and `settle` says where to seek each of their partitions back to. Of
+the failed batch, each partition keeps the records before its first copy not acknowledged: they
+are committed, and the partition is sought back to that copy's record (a refused copy is refused
+again each time its record comes back: the records before it would otherwise be handled again,
+and copied again, with it). The later batches' partitions go back to the earliest record they
+hold. What is handled again is at-least-once: copies already written may be written twice, never
+lost.
 
 Pure: no clients, no clock of its own, so the rules are unit-tested on their own.
 """
@@ -17,14 +21,19 @@ Pure: no clients, no clock of its own, so the rules are unit-tested on their own
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice
 from typing import Any
 
 from redrive.consumer.batch import Copy
 from redrive.errors import DeliveryFailed
 from redrive.kafka.produce import delivery_failed
 from redrive.kafka.records import PartitionKey
+
+# What became of one copy of a Pending batch.
+WAITING, LANDED, FAILED = 0, 1, 2
 
 
 @dataclass(eq=False)
@@ -37,19 +46,33 @@ class Pending:
     since: float = 0.0  # when its copies were produced (monotonic seconds), for the timeout
     waiting: int = 0  # copies produced and not yet reported on
     error: DeliveryFailed | None = None
-    copied: set[PartitionKey] = field(default_factory=set)  # partitions the copies came from
+    states: bytearray = field(init=False)  # per copy; one with no record has nothing to wait for
+
+    def __post_init__(self) -> None:
+        self.states = bytearray(WAITING if copy.record is not None else LANDED
+                                for copy in self.copies)
+
+    def reporter(self, index: int) -> Callable[[Any, Any], None]:
+        """The producer's delivery callback for copy `index`."""
+        return partial(self._report, index)
 
     def sent(self) -> None:
         self.waiting += 1
 
-    def on_delivery(self, err: Any, msg: Any) -> None:
-        """The producer's delivery report for one of this batch's copies."""
+    def _report(self, index: int, err: Any, msg: Any) -> None:
         self.waiting -= 1
-        if err is not None and self.error is None:
+        if err is None:
+            self.states[index] = LANDED
+            return
+        self.states[index] = FAILED
+        if self.error is None:
             self.error = delivery_failed(str(msg.topic()), msg.partition(), err)
 
-    def fail(self, error: DeliveryFailed) -> None:
-        """A copy could not even be produced: the batch fails as if its delivery had."""
+    def fail(self, error: DeliveryFailed, index: int | None = None) -> None:
+        """A copy (`index`, or the batch as a whole) could not even be produced: the batch fails
+        as if its delivery had."""
+        if index is not None:
+            self.states[index] = FAILED
         if self.error is None:
             self.error = error
 
@@ -59,6 +82,29 @@ class Pending:
                                         f"{self.waiting} record(s) unconfirmed after "
                                         f"{timeout_s}s", unanswered=True)
 
+    def keep(self, settled: Settled) -> None:
+        """Into `settled`, what of this failed batch stands (see the module): the commits, the
+        copies they confirm, the rewinds, and the partitions whose copies failed."""
+        stop: dict[PartitionKey, int] = {}
+        # A partition's copies are in the order of its records: the first not landed is the
+        # earliest, and every landed one before it is kept. The copies still unanswered are
+        # not waited for: the batches behind this one are handled meanwhile, only to be dropped.
+        for copy, state in zip(self.copies, self.states, strict=True):
+            if state == FAILED:
+                settled.culprits.add(copy.tp)
+            if copy.tp in stop:
+                continue
+            if state == LANDED:
+                settled.confirmed.append(copy)
+            else:
+                stop[copy.tp] = copy.offset
+        for tp, first in self.first.items():
+            end = stop.get(tp, self.offsets.get(tp, first))
+            if end > first:
+                settled.commit[tp] = end
+            if tp in stop or tp not in self.offsets:
+                settled.rewind[tp] = end
+
 
 @dataclass
 class Settled:
@@ -66,7 +112,7 @@ class Settled:
     confirmed: list[Copy] = field(default_factory=list)  # copies acknowledged, to count
     rewind: dict[PartitionKey, int] = field(default_factory=dict)  # seek back after a failure
     error: DeliveryFailed | None = None
-    # The partitions whose copies the failed batch held: the batches behind it only follow it.
+    # The partitions whose copies failed: the batches behind the failed one only follow it.
     culprits: set[PartitionKey] = field(default_factory=set)
 
 
@@ -107,8 +153,8 @@ class CommitPipeline:
             head = pending[0]
             if head.error is not None:
                 settled.error = head.error
-                settled.culprits = set(head.copied)
-                for dropped in pending:
+                head.keep(settled)
+                for dropped in islice(pending, 1, None):
                     for tp, offset in dropped.first.items():
                         settled.rewind.setdefault(tp, offset)
                 pending.clear()

@@ -14,8 +14,9 @@ recorded.
 
 A copy the broker refused, rather than left unanswered (larger than its topic takes, a topic the
 group may not write), would be refused again as soon as its records are handled again, calling
-the handler as fast as the loop runs: the partitions whose records the refused batch copied are
-held instead (`redrive.kafka.holds.Refusals`), the other rewound partitions read again at once.
+the handler as fast as the loop runs: a partition whose copy was refused is held instead, from
+that copy's record, the records before it committed (`redrive.kafka.holds.Refusals`), and the
+other rewound partitions are read again at once.
 """
 
 from __future__ import annotations
@@ -123,12 +124,14 @@ class Committer:
             return
         # The copies go out now and are confirmed while the next batches are handled; the
         # offsets are committed, in batch order, once every copy up to this batch is acknowledged.
-        pending = Pending(offsets, batch.first, batch.copies, time.monotonic(),
-                          copied=batch.copied)
+        pending = Pending(offsets, batch.first, batch.copies, time.monotonic())
         producer = self._copies_producer()
-        for record in out:
+        for index, copy in enumerate(batch.copies):
+            record = copy.record
+            if record is None:
+                continue
             try:
-                kafka.produce(producer, record, pending.on_delivery, shrink=slimmed,
+                kafka.produce(producer, record, pending.reporter(index), shrink=slimmed,
                               wait_s=self._timeout_s)
             except KafkaException as exc:
                 if not producer_failed(exc):
@@ -137,7 +140,7 @@ class Committer:
                                             fatal=True))
                 break
             except DeliveryFailed as exc:  # no room in the queue: no broker takes records
-                pending.fail(exc)
+                pending.fail(exc, index)
                 break
             pending.sent()
         self._pipeline.add(pending)
@@ -161,8 +164,9 @@ class Committer:
         if settled.error is not None:
             if settled.error.unanswered:
                 self._health.trouble(str(settled.error))
-            log.error("group %s: %s; the unconfirmed batches' partitions are rewound and their "
-                      "records will be handled again", self.group, settled.error)
+            log.error("group %s: %s; the unconfirmed batches' partitions are rewound to their "
+                      "first records not confirmed, which will be handled again", self.group,
+                      settled.error)
             if settled.error.fatal:
                 self._renew_producer()
             excluded = set(exclude)
@@ -293,9 +297,9 @@ class Committer:
 
     def _hold_refused(self, first: Mapping[PartitionKey, int],
                       culprits: Collection[PartitionKey]) -> None:
-        """Rewind after a refused copy, each partition whose records were copied held for its
-        next pause (see the module), the others read again at once: held alike, partitions
-        would come back together, and be refused together, for ever."""
+        """Rewind after a refused copy, each partition whose copy was refused held for its next
+        pause (see the module), the others read again at once: held alike, partitions would come
+        back together, and be refused together, for ever."""
         if self._holds is None:
             self._rewind(first)
             return

@@ -514,7 +514,7 @@ class RetryingConsumer:
             batch.stop(tp)
             return
         out = self._backend.failed(record, decision, self._partitions)
-        batch.route(tp, record.offset, Copy(out, decision, main))
+        batch.route(Copy(out, decision, main, tp, record.offset))
 
     # --- holds ---------------------------------------------------------------------------------
 

@@ -167,3 +167,32 @@ def test_a_copy_its_topic_refuses_holds_its_partition_with_growing_pauses_until_
     assert [(read.key, len(read.value or b"")) for read in dead] == [(b"big", 1_200_000)]
     wait_until(lambda: committed(bootstrap, group, topic) == {0: 1, 1: 5}, 20,
                "the big record committed")
+
+
+def test_the_records_before_a_refused_copys_record_are_committed_and_not_handled_again(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start) -> None:
+    """At-least-once, a refused copy's batch is kept up to that copy's record: the records read
+    before it are committed, and only it and those after it come back at each try. (In one
+    transaction the refusal aborts every copy of the batch: all of it comes back.)"""
+    topic, group = new_topic(), unique_name("refused-prefix")
+    dlt = new_topic(name=f"{topic}.{group}.dlt", config={"max.message.bytes": "2000"})
+    produce(bootstrap, topic, [b"ok", b"ok", b"x" * 5_000, b"ok"], partition=0)  # one batch
+    calls: list[int] = []
+
+    def handle(record: Record) -> None:
+        calls.append(record.offset)
+        if record.offset == 2:
+            raise ValueError("cannot be parsed")
+
+    running(RetryingConsumer(bootstrap, topic, group, RetryPolicy(not_retryable=ValueError),
+                             handle, config=FAST_GROUP))
+    wait_until(lambda: calls.count(2) >= 3, 20, "the refused record's third try")
+    assert committed(bootstrap, group, topic) == {0: 2}
+    assert calls.count(0) == calls.count(1) == 1, calls
+    assert calls.count(3) >= calls.count(2) - 1, calls  # it comes back with the refused one
+
+    set_record_limit(bootstrap, dlt, 2_000_000)
+    dead = read_all(bootstrap, dlt, expect=1, timeout_s=20)
+    assert [len(read.value or b"") for read in dead] == [5_000]
+    wait_until(lambda: committed(bootstrap, group, topic) == {0: 4}, 20, "all four committed")
+    assert calls.count(0) == calls.count(1) == 1, calls

@@ -32,7 +32,7 @@ def test_in_place_budget_counts_per_record_and_resets_on_a_new_offset() -> None:
 def test_batch_commits_the_next_offset_after_the_last_finished_record() -> None:
     batch = Batch()
     batch.finish(A, 5)
-    batch.route(A, 6, Copy(None, DeadLetter(None, [], "exhausted", 3, 0), "orders"))
+    batch.route(Copy(None, DeadLetter(None, [], "exhausted", 3, 0), "orders", A, 6))
     batch.stop(B)  # held at its first record: nothing of it is committed
     assert batch.commit_offsets() == {A: 7}
     assert batch.stopped == {B}

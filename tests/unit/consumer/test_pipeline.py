@@ -20,6 +20,7 @@ from redrive.consumer.commits import CommitPipeline, Pending
 from redrive.consumer.committer import Committer
 from redrive.consumer.readers import Readers
 from redrive.errors import DeliveryFailed
+from redrive.kafka import OutRecord
 from redrive.kafka.transactions import TransactionAborted
 from redrive.policy import Backoff, ErrorMatcher, RetryPolicy, predicate
 from redrive.record import Origin, Record
@@ -27,34 +28,55 @@ from redrive.routing import DeadLetter
 
 from ..fakes import FakeMessage
 
-A, B = ("orders", 0), ("orders", 1)
-COPY = Copy(None, DeadLetter(None, [], "exhausted", 3, 0), "orders")
+A, B, C = ("orders", 0), ("orders", 1), ("orders", 2)
+DEAD = DeadLetter(None, [], "exhausted", 3, 0)
+
+
+def copy_of(tp: tuple[str, int], offset: int) -> Copy:
+    return Copy(OutRecord("orders.g.dlt", f"{tp[1]}-{offset}".encode()), DEAD, "orders", tp,
+                offset)
+
+
+def sent(pending: Pending) -> list[Callable[[Any, Any], None]]:
+    """Produce each of the batch's copies (as the committer does): their delivery callbacks."""
+    reports = []
+    for index, copy in enumerate(pending.copies):
+        if copy.record is not None:
+            reports.append(pending.reporter(index))
+            pending.sent()
+    return reports
+
+
+def landed(report: Callable[[Any, Any], None]) -> None:
+    report(None, FakeMessage("orders.g.dlt", 0))
 
 
 def test_acknowledged_batches_commit_in_order_and_wait_for_earlier_ones() -> None:
     pipeline = CommitPipeline()
-    first, second = Pending({A: 10}, {A: 0}, [COPY]), Pending({A: 20, B: 5}, {A: 10, B: 0})
-    first.sent()
+    copy = copy_of(A, 3)
+    first, second = Pending({A: 10}, {A: 0}, [copy]), Pending({A: 20, B: 5}, {A: 10, B: 0})
+    [report] = sent(first)
     pipeline.add(first)
     pipeline.add(second)  # no copies of its own, but behind an unconfirmed batch
     assert pipeline.settle().commit == {}
-    first.on_delivery(None, None)
+    landed(report)
     settled = pipeline.settle()
-    assert settled.commit == {A: 20, B: 5} and settled.confirmed == [COPY]
+    assert settled.commit == {A: 20, B: 5} and settled.confirmed == [copy]
     assert settled.error is None and not pipeline
 
 
 def test_a_failed_delivery_drops_its_batch_and_all_later_ones_and_says_where_to_rewind() -> None:
     pipeline = CommitPipeline()
-    ok, failed, later = (Pending({A: 10}, {A: 0}), Pending({A: 20}, {A: 10}),
-                         Pending({A: 30, B: 7}, {A: 20, B: 3}))
+    ok, failed, later = (Pending({A: 10}, {A: 0}, [copy_of(A, 2)]),
+                         Pending({A: 20}, {A: 10}, [copy_of(A, 10)]),
+                         Pending({A: 30, B: 7}, {A: 20, B: 3}, [copy_of(B, 4)]))
+    [ok_report], [failed_report], [later_report] = (sent(p) for p in (ok, failed, later))
     for pending in (ok, failed, later):
-        pending.sent()
         pipeline.add(pending)
-    later.on_delivery(None, None)
-    failed.on_delivery(refused("broker said no"), FakeMessage("orders.g.retry.1s", 0))
+    landed(later_report)
+    failed_report(refused("broker said no"), FakeMessage("orders.g.retry.1s", 0))
     assert pipeline.settle().commit == {}  # the first batch is still unconfirmed
-    ok.on_delivery(None, None)
+    landed(ok_report)
     settled = pipeline.settle()
     assert settled.commit == {A: 10}
     assert settled.rewind == {A: 10, B: 3}  # the earliest dropped record per partition
@@ -62,29 +84,86 @@ def test_a_failed_delivery_drops_its_batch_and_all_later_ones_and_says_where_to_
     assert not pipeline
 
 
-def test_the_culprits_of_a_failure_are_the_partitions_the_failed_batch_copied() -> None:
+def test_a_failed_batch_commits_each_partitions_records_before_its_first_copy_not_landed() -> None:
     pipeline = CommitPipeline()
-    failed = Pending({A: 20, B: 4}, {A: 10, B: 0}, copied={A})
-    later = Pending({A: 30, B: 7}, {A: 20, B: 4}, copied={B})
-    for pending in (failed, later):
-        pending.sent()
-        pipeline.add(pending)
-    failed.on_delivery(refused("too large"), FakeMessage("orders.g.dlt", 0))
+    a2, a5, a7, b1, c3 = (copy_of(A, 2), copy_of(A, 5), copy_of(A, 7), copy_of(B, 1),
+                          copy_of(C, 3))
+    failed = Pending({A: 10, B: 4, C: 6}, {A: 0, B: 0, C: 3}, [a2, b1, a5, c3, a7])
+    reports = sent(failed)
+    pipeline.add(failed)
+    later = Pending({A: 12}, {A: 10})
+    pipeline.add(later)
+    landed(reports[0])  # A's 2
+    landed(reports[1])  # B's 1
+    reports[2](refused("too large"), FakeMessage("orders.g.dlt", 0))  # A's 5
+    landed(reports[4])  # A's 7, past the refused one: handled again all the same
+    # C's 3 is not answered yet
     settled = pipeline.settle()
-    assert settled.rewind == {A: 10, B: 0}
+    assert settled.commit == {A: 5, B: 4}  # C's first record is the one not answered
+    assert settled.confirmed == [a2, b1]
+    assert settled.rewind == {A: 5, C: 3}  # B is done: the later batch has none of it
+    assert settled.culprits == {A}  # C's copy was not refused: C is read again at once
+    assert not pipeline
+
+
+def test_the_culprits_of_a_failure_are_the_partitions_whose_copies_failed() -> None:
+    pipeline = CommitPipeline()
+    failed = Pending({A: 20, B: 4}, {A: 10, B: 0}, [copy_of(A, 12)])
+    later = Pending({A: 30, B: 7}, {A: 20, B: 4}, [copy_of(B, 5)])
+    [failed_report], _ = sent(failed), sent(later)
+    for pending in (failed, later):
+        pipeline.add(pending)
+    failed_report(refused("too large"), FakeMessage("orders.g.dlt", 0))
+    settled = pipeline.settle()
+    assert settled.commit == {A: 12, B: 4}
+    assert settled.rewind == {A: 12, B: 4}
     assert settled.culprits == {A}  # the later batch's copies were not refused
+
+
+def test_a_copy_that_could_not_be_produced_stops_its_partition_there() -> None:
+    pipeline = CommitPipeline()
+    failed = Pending({A: 5}, {A: 0}, [copy_of(A, 1), copy_of(A, 3)])
+    first_report = failed.reporter(0)  # the first went out, the second could not
+    failed.sent()
+    failed.fail(DeliveryFailed("orders.g.dlt", None, "refused at once"), 1)
+    pipeline.add(failed)
+    landed(first_report)
+    settled = pipeline.settle()
+    assert settled.commit == {A: 3} and settled.rewind == {A: 3} and settled.culprits == {A}
+
+
+def test_a_partition_whose_copy_failed_behind_one_still_unanswered_is_held_from_that_one() -> None:
+    pipeline = CommitPipeline()
+    failed = Pending({A: 5}, {A: 0}, [copy_of(A, 1), copy_of(A, 3)])
+    reports = sent(failed)
+    pipeline.add(failed)
+    reports[1](refused("too large"), FakeMessage("orders.g.dlt", 0))
+    settled = pipeline.settle()  # not waiting for the first copy's answer
+    assert settled.commit == {A: 1} and settled.rewind == {A: 1} and settled.culprits == {A}
+
+
+def test_a_refusal_at_a_partitions_first_record_commits_nothing_of_it() -> None:
+    # A commit would forget the partition's refusals: its pauses would not grow.
+    pipeline = CommitPipeline()
+    failed = Pending({A: 8}, {A: 5}, [copy_of(A, 5)])
+    [report] = sent(failed)
+    pipeline.add(failed)
+    report(refused("too large"), FakeMessage("orders.g.dlt", 0))
+    settled = pipeline.settle()
+    assert settled.commit == {} and settled.rewind == {A: 5} and settled.culprits == {A}
 
 
 def test_unconfirmed_past_the_timeout_counts_as_failed() -> None:
     pipeline = CommitPipeline()
-    pending = Pending({A: 10}, {A: 4}, since=100.0)
-    pending.sent()
+    pending = Pending({A: 10}, {A: 4}, [copy_of(A, 4)], since=100.0)
+    sent(pending)
     pipeline.add(pending)
     pipeline.expire(now_s=105.0, timeout_s=30.0)
     assert pipeline.settle().error is None
     pipeline.expire(now_s=130.0, timeout_s=30.0)
     settled = pipeline.settle()
     assert settled.error is not None and settled.rewind == {A: 4} and settled.commit == {}
+    assert settled.culprits == set()
 
 
 def test_lost_partitions_are_not_committed() -> None:
@@ -251,13 +330,14 @@ def test_a_delivery_failure_mid_pipeline_rewinds_and_loses_nothing() -> None:
     runtime._handle_batch(_batch(0, range(10, 15)) + _batch(1, range(4, 8)))  # fine, but later
     producer.deliver()
     runtime._require_committer().settle()
-    assert consumer.commits == [{A: 5}]  # the first batch only
-    assert sorted(consumer.seeks) == [("orders", 0, 5), ("orders", 1, 0)]
+    # The first batch, and the failed one up to the refused copy's record.
+    assert consumer.commits == [{A: 6, B: 4}]
+    assert sorted(consumer.seeks) == [("orders", 0, 6), ("orders", 1, 4)]
     assert not runtime._require_committer().unconfirmed
     assert runtime.metrics.total("redrive_retried_total") == 1
     # Handled again from the rewind, everything goes through and is committed.
     producer.fail_values = set()
-    runtime._handle_batch(_batch(0, range(5, 15)) + _batch(1, range(0, 8)))
+    runtime._handle_batch(_batch(0, range(6, 15)) + _batch(1, range(4, 8)))
     producer.deliver()
     runtime._require_committer().settle()
     assert consumer.commits[-1] == {A: 15, B: 8}
@@ -267,22 +347,29 @@ def test_a_refused_copy_holds_its_partition_with_growing_pauses_the_others_go_on
     runtime, consumer, producer = _fake_runtime({b"0-1"}, holds=True)
     committer, holds = runtime._require_committer(), runtime._holds
     producer.fail_values = {b"0-1"}
-    for pause_s in (1.0, 2.0, 4.0):
-        consumer.seeks.clear()
-        runtime._handle_batch(_batch(0, range(0, 3)) + _batch(1, range(0, 3)))
-        producer.deliver()
-        committer.settle()
-        assert consumer.commits == []
-        # B, whose records were not copied, is read again at once; A waits, longer each time.
-        assert sorted(consumer.seeks) == [("orders", 0, 0), ("orders", 1, 0)]
-        assert A in holds and B not in holds
-        assert pause_s - 0.1 <= holds.wait_s(now_ms(), 100.0) <= pause_s
-        holds.release(runtime._require_consumer(), [A])
-    producer.fail_values = set()
     runtime._handle_batch(_batch(0, range(0, 3)) + _batch(1, range(0, 3)))
     producer.deliver()
     committer.settle()
-    assert consumer.commits == [{A: 3, B: 3}]
+    # What came before the refused copy's record is done: A's record 0, and all of B, which
+    # is neither sought nor held.
+    assert consumer.commits == [{A: 1, B: 3}]
+    for pause_s in (1.0, 2.0, 4.0):
+        # A waits at the refused copy's record, longer each time.
+        assert consumer.seeks == [("orders", 0, 1)]
+        assert A in holds and B not in holds
+        assert pause_s - 0.1 <= holds.wait_s(now_ms(), 100.0) <= pause_s
+        holds.release(runtime._require_consumer(), [A])
+        consumer.seeks.clear()
+        runtime._handle_batch(_batch(0, range(1, 3)))
+        producer.deliver()
+        committer.settle()
+        assert consumer.commits[1:] == []  # nothing moved: the pauses are not forgotten
+    producer.fail_values = set()
+    consumer.seeks.clear()
+    runtime._handle_batch(_batch(0, range(1, 3)) + _batch(1, range(3, 5)))
+    producer.deliver()
+    committer.settle()
+    assert consumer.commits[1:] == [{A: 3, B: 5}]
     # Committed, A starts afresh: a new refusal waits 1 s again.
     runtime._handle_batch([FakeMessage("orders", 0, 5, b"0-1")])
     producer.fail_values = {b"0-1"}
@@ -300,8 +387,9 @@ def test_revoke_commits_what_is_acknowledged_and_nothing_else() -> None:
     assert consumer.commits == []
     partitions = [_Partition(*A), _Partition(*B)]
     runtime._on_revoke(consumer, partitions)  # type: ignore[arg-type]
-    assert consumer.commits == [{A: 5}]  # acknowledged before the failure; nothing after it
-    assert consumer.synced == [{A: 5}]  # and committed again, waiting, for the next owner
+    # Acknowledged before the failure, and B's record before its refused copy; nothing after.
+    assert consumer.commits == [{A: 5, B: 1}]
+    assert consumer.synced == [{A: 5, B: 1}]  # and committed again, waiting, for the next owner
     assert not runtime._require_committer().unconfirmed and runtime._assigned == set()
 
 
@@ -311,8 +399,9 @@ def test_a_cooperative_revoke_treats_a_kept_partitions_refused_copy_as_any_refus
     runtime._handle_batch(_batch(0, range(0, 5)))
     runtime._on_revoke(consumer, [_Partition(*B)])  # type: ignore[list-item]
     assert runtime._assigned == {A}
-    assert consumer.seeks == [("orders", 0, 0)] and consumer.paused == [A]  # held at record 0
-    assert consumer.commits == [] and consumer.synced == []
+    assert consumer.seeks == [("orders", 0, 1)] and consumer.paused == [A]  # held at record 1
+    # Record 0 is committed, synchronously too, as all that is owed is on a revoke.
+    assert consumer.commits == [{A: 1}] and consumer.synced == [{A: 1}]
 
 
 def test_a_kept_partition_that_cannot_be_rewound_in_a_revoke_ends_the_run() -> None:
@@ -323,7 +412,7 @@ def test_a_kept_partition_that_cannot_be_rewound_in_a_revoke_ends_the_run() -> N
     consumer.seek_error = KafkaError(KafkaError._STATE, "Erroneous state")
     with pytest.raises(KafkaException, match="Erroneous state"):
         runtime._on_revoke(consumer, [_Partition(*B)])  # type: ignore[list-item]
-    assert consumer.commits == [] and consumer.synced == []
+    assert consumer.commits == [{A: 1}] and consumer.synced == []  # record 0 only
 
 
 def test_a_synchronous_commit_does_not_count_as_an_answered_asynchronous_one() -> None:
@@ -444,11 +533,11 @@ def test_a_producer_whose_idempotence_state_the_broker_lost_is_replaced() -> Non
     producer.deliver()
     committer.settle()
     assert producer.purged and committer._producer is fresh
-    assert consumer.seeks == [("orders", 0, 0)] and consumer.commits == []
-    runtime._handle_batch(_batch(0, range(0, 5)))  # handled again, its copy by the new one
+    assert consumer.seeks == [("orders", 0, 1)] and consumer.commits == [{A: 1}]
+    runtime._handle_batch(_batch(0, range(1, 5)))  # handled again, its copy by the new one
     fresh.deliver()
     committer.settle()
-    assert consumer.commits == [{A: 5}]
+    assert consumer.commits == [{A: 1}, {A: 5}]
 
 
 def _fatal_in_a_callback() -> SystemError:
@@ -480,7 +569,7 @@ def test_a_producer_that_failed_for_good_in_poll_is_replaced(raised: SystemError
     producer.poll = poll  # type: ignore[method-assign]
     runtime._handle_batch(_batch(0, range(0, 5)))
     assert producer.purged and committer._producer is fresh
-    assert consumer.seeks == [("orders", 0, 0)] and consumer.commits == []
+    assert consumer.seeks == [("orders", 0, 1)] and consumer.commits == [{A: 1}]
 
     def broken(timeout: float = 0) -> int:
         raise SystemError("not a Kafka error")
@@ -495,8 +584,8 @@ def test_a_partition_that_cannot_be_sought_while_leaving_does_not_stop_the_close
     producer.fail_values = {b"0-1"}
     runtime._handle_batch(_batch(0, range(0, 5)))
     consumer.seek_error = KafkaError(KafkaError._STATE, "Erroneous state")
-    runtime.close()  # the failed batch cannot be rewound: nothing of it is committed
-    assert consumer.commits == [] and consumer.synced == []
+    runtime.close()  # the failed batch cannot be rewound: only record 0 of it is committed
+    assert consumer.commits == [{A: 1}, {A: 1}] and consumer.synced == []  # once more on close
 
 
 class FakeTransactions:
