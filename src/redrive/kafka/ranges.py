@@ -269,20 +269,26 @@ Narrowing = Callable[[int, int, int], tuple[int, int] | None]
 
 
 def read_topic(connection: Connection, topic: str, partitions: int, *, idle_s: float,
-               narrow: Narrowing | None = None) -> Iterator[Message]:
+               narrow: Narrowing | None = None, whole: bool = False) -> Iterator[Message]:
     """The records of `topic` (with `partitions` partitions) from each partition's first offset
     to its end as of the call: records written meanwhile are left for the next read, so a busy
     topic still gives a finite, consistent reading.
+
+    That end is the last stable offset, short of the oldest transaction still open: records
+    committed past it are not read. `whole` reads to the high watermark instead, waiting for
+    the transactions open below it to end (RangeReadFailed, stuck, after `idle_s`).
 
     `narrow(partition, low, high)` may shrink a partition's [low, high) to the part worth reading,
     or None to skip the partition.
     """
     errors = LastClientError()
     reader_consumer = range_consumer(connection, errors=errors)
+    ends = consumer(connection, None, {"isolation.level": "read_uncommitted"}) if whole \
+        else reader_consumer
     try:
         parts: list[PartitionRange] = []
         for partition in range(partitions):
-            low, high = watermarks(reader_consumer, topic, partition, idle_s)
+            low, high = watermarks(ends, topic, partition, idle_s)
             part = (low, high) if narrow is None else narrow(partition, low, high)
             if part is not None:
                 parts.append(PartitionRange(topic, partition, *part))
@@ -291,6 +297,8 @@ def read_topic(connection: Connection, topic: str, partitions: int, *, idle_s: f
             yield from chunk.messages
     finally:
         reader_consumer.close()
+        if ends is not reader_consumer:
+            ends.close()
 
 
 def read_ranges(connection: Connection, ranges: Sequence[PartitionRange], *,

@@ -376,7 +376,11 @@ def read_log(connection: kafka.Connection, dlt_topic: str | None = None,
     prefix = f"{dlt_topic}/" if dlt_topic else ""
     entries: dict[str, dict[str, Any]] = {}
     try:
-        for message in read_topic(connection, REPLAY_LOG, counts[REPLAY_LOG], idle_s=timeout_s):
+        # Strict, the log is read whole: another topic's replay may hold a transaction open on
+        # it (running, or crashed: until its transaction.timeout.ms), and the entries committed
+        # after that transaction began would be missed, their records published twice.
+        for message in read_topic(connection, REPLAY_LOG, counts[REPLAY_LOG], idle_s=timeout_s,
+                                  whole=strict):
             key = (message.key() or b"").decode("utf-8", "replace")
             if key.startswith(prefix):
                 value = message.value()
@@ -394,5 +398,8 @@ def read_log(connection: kafka.Connection, dlt_topic: str | None = None,
                     entries.pop(key, None)
     except RangeReadFailed as exc:
         # A partial log would let a record be published twice.
-        raise ReplayFailed(f"could not read {REPLAY_LOG} to its end: {exc}") from exc
+        raise ReplayFailed(f"could not read {REPLAY_LOG} to its end: {exc} (if a transaction "
+                           "left open on it holds the read back, another replay's running or "
+                           "crashed, try again once it ends: within its "
+                           "transaction.timeout.ms)") from exc
     return entries

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 from fastapi.testclient import TestClient
 
@@ -14,7 +15,7 @@ from redrive import kafka, topics
 from redrive.consumer import RetryingConsumer
 from redrive.metrics import Metrics
 from redrive.ops.deadletters import make_filter
-from redrive.ops.replay import REPLAY_LOG, TO_ORIGINAL, read_log, replay
+from redrive.ops.replay import LOG_CONFIG, REPLAY_LOG, TO_ORIGINAL, ReplayFailed, read_log, replay
 from redrive.ops.web import create_app
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
@@ -214,4 +215,32 @@ def test_a_named_record_the_topic_does_not_hold_is_refused_naming_it(
         assert f"invalid record='{record}': {why}" in done.stderr
     done = run_cli(*base, "--record", "0:0")
     assert done.exit_code == 0, done.output
+    assert [r.value for r in read_all(bootstrap, topic, expect=1)] == [b"v"]
+
+
+def test_a_transaction_left_open_on_the_replay_log_stops_a_replay_rather_than_repeat_one(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    """Read committed, the log ends short of a transaction still open on it (another topic's
+    replay running, or crashed): an entry committed past that point went unseen, and its record
+    was published again by the next replay."""
+    topic, group, dlt = new_topic(), unique_name("open-log"), new_topic()
+    produce_records(bootstrap, dlt, [(b"k", b"v", [
+        (h.REASON, b"exhausted"), (h.GROUP, group.encode()), (h.ORIGINAL_TOPIC, topic.encode()),
+        (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"0")])])
+    kafka.create_topics(kafka.admin(bootstrap), {REPLAY_LOG: 1}, config=LOG_CONFIG)
+    other = kafka.producer(bootstrap, transactional_id=unique_name("other-replay"))
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(REPLAY_LOG, key=f"{new_topic()}/0/0".encode(), value=b"{}")
+    other.flush(10)
+    try:
+        for _ in range(2):
+            with pytest.raises(ReplayFailed, match="stuck at offset"):
+                replay(bootstrap, dlt, to=TO_ORIGINAL, timeout_s=2.0)
+        assert topic_sizes(bootstrap, topic)[topic] == 0
+    finally:
+        other.abort_transaction(10)
+    assert len(replay(bootstrap, dlt, to=TO_ORIGINAL).replayed) == 1
+    again = replay(bootstrap, dlt, to=TO_ORIGINAL)
+    assert again.replayed == [] and len(again.already) == 1
     assert [r.value for r in read_all(bootstrap, topic, expect=1)] == [b"v"]
