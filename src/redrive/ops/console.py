@@ -448,7 +448,7 @@ def value_view(raw: bytes | None) -> tuple[str, str]:
         return "hex", raw.hex(" ")
     try:
         return "json", json.dumps(json.loads(decoded), indent=2, ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser goes: shown as text
         return "text", decoded
 
 

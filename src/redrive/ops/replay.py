@@ -23,6 +23,7 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+import math
 import socket
 import time
 import uuid
@@ -48,6 +49,7 @@ log = logging.getLogger("redrive.ops.replay")
 
 REPLAY_LOG = "redrive.replays"
 LOG_CONFIG = {"cleanup.policy": "compact"}
+MIN_RATE = 1 / 3600  # records per second
 TO_RETRY = "retry"
 TO_ORIGINAL = "original"
 DEFAULT_TIMEOUT_S = 30.0
@@ -86,8 +88,10 @@ def parse_rate(value: str | float | None) -> float | None:
             rate = float(number) * scale if scale is not None else -1.0
         except ValueError:
             rate = -1.0
-    if not rate > 0:
-        raise InvalidArgument("rate", value, "expected a positive rate such as 50/s or 600/m")
+    # inf cannot size a chunk, and below one an hour a pause overflows what a sleep takes.
+    if not MIN_RATE <= rate < math.inf:
+        raise InvalidArgument("rate", value, "expected a finite rate of at least 1/h, such as "
+                              "50/s or 600/m")
     return rate
 
 

@@ -95,7 +95,9 @@ def test_rates() -> None:
     assert parse_rate("50/s") == 50.0
     assert parse_rate("120/m") == 2.0
     assert parse_rate(2.5) == 2.5
-    for bad in ("0", "-1/s", "fast", "5/week", 0):
+    assert parse_rate("1/h") == 1 / 3600
+    # Infinite sized no chunk, and a pause of 1e300 s overflowed the sleep: both mid-replay.
+    for bad in ("0", "-1/s", "fast", "5/week", 0, "inf", "1e999/s", "nan", "1e-300/s", 1e-9):
         with pytest.raises(InvalidArgument, match="invalid rate="):
             parse_rate(bad)
 
