@@ -2,6 +2,10 @@
 
 Tables are drawn by tabulate in its `simple` layout: aligned columns under a dashed rule, readable
 in any terminal and in logs, and split on whitespace by scripts.
+
+What a record holds reaches a terminal with its control characters written out (`\x1b`, `\n`):
+as they are, a key or an error message could clear the screen, retitle the terminal, or print
+lines that pass for the command's own.
 """
 
 from __future__ import annotations
@@ -15,11 +19,19 @@ from redrive.dead_letter_headers import header_sets, header_text
 from redrive.ops.deadletters import DeadLetterRecord, text
 
 PREVIEW_CHARS = 40
+_WRITTEN_OUT = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7f, *range(0x80, 0xa0))}
+_WRITTEN_OUT.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+
+
+def shown(text_: str) -> str:
+    """Text for a terminal, its control characters written out (see the module)."""
+    return text_.translate(_WRITTEN_OUT)
 
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Rows under their column names; None shows as an empty cell, numbers as they are."""
-    return str(tabulate([list(row) for row in rows], headers=list(columns), tablefmt="simple",
+    return str(tabulate([[shown(cell) if isinstance(cell, str) else cell for cell in row]
+                         for row in rows], headers=list(columns), tablefmt="simple",
                         disable_numparse=True, missingval=""))
 
 
@@ -120,13 +132,13 @@ def detail(letter: DeadLetterRecord, at_ms: int) -> str:
     trace = info.error_trace if info else None
     if trace:
         lines.append("trace:")
-        lines += ["  " + line for line in trace.rstrip().splitlines()]
-    return "\n".join(lines)
+        lines += ["  " + line for line in trace.rstrip().split("\n")]
+    return "\n".join(shown(line) for line in lines)
 
 
 def _header_text(name: str, value: bytes) -> str:
-    shown = header_text(name, value)
+    readable = header_text(name, value)
     if "stacktrace" in name or name.endswith("trace"):
-        first = shown.splitlines()[0] if shown else ""
-        return f"{first} … (trace below)" if "\n" in shown else shown
-    return shown
+        first = readable.splitlines()[0] if readable else ""
+        return f"{first} … (trace below)" if "\n" in readable else readable
+    return readable

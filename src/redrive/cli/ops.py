@@ -264,7 +264,7 @@ def _print_report(report: ReplayReport, name: str) -> None:
                                                         for (_, p, o), dest in report.planned]))
     for skipped in report.skipped:
         _, partition, offset = skipped.source
-        click.echo(f"skipped {partition}:{offset}: {skipped.why}", err=True)
+        click.echo(f"skipped {partition}:{offset}: {formatting.shown(skipped.why)}", err=True)
     verb = "would replay" if report.dry_run else "replayed"
     count = len(report.planned) if report.dry_run else len(report.replayed)
     click.echo(f"{verb} {count} of {report.selected} selected record(s) of {name}; "

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from redrive.cli.formatting import iso, preview, since, table
+from redrive.cli.formatting import iso, preview, shown, since, table
 from redrive.cli.options import bootstrap_option, metrics_port_option
 from redrive.clock import now_ms
 from redrive.errors import RedriveError
@@ -176,13 +176,13 @@ def show_command(ctx: click.Context, retry_id: int) -> None:
     ]
     click.echo(table(["field", "value"], fields))
     if row.value is not None:
-        click.echo(f"\nvalue ({len(row.value)} bytes): {preview(row.value)}")
+        click.echo(f"\nvalue ({len(row.value)} bytes): {shown(preview(row.value))}")
     if row.headers:
         click.echo("\n" + table(["header", "value"],
                                  [[name, preview(value)] for name, value in row.headers
                                   if not name.startswith("redrive-")]))
     if row.error_trace:
-        click.echo(f"\n{row.error_trace.rstrip()}")
+        click.echo("\n" + "\n".join(shown(line) for line in row.error_trace.rstrip().split("\n")))
 
 
 @store_command.command("requeue")

@@ -68,3 +68,20 @@ def test_times_past_what_a_datetime_holds_are_shown_as_milliseconds() -> None:
     assert iso(-(2**63)) == "-9223372036854775808 ms"
     assert _ms_time(2**63 - 1) == "9223372036854775807 ms"
     assert _ms_time(1_700_000_000_000) == "2023-11-14 22:13:20 UTC"
+
+
+def test_control_characters_from_a_record_reach_the_terminal_written_out() -> None:
+    # A clear screen, a new terminal title and a carriage return that would overwrite the line.
+    hostile = "\x1b[2J\x1b]0;pwned\x07ok\rfake"
+    headers = [(h.REASON, b"exhausted"), (h.ERROR_MESSAGE, hostile.encode()),
+               (h.ERROR_TRACE, f"Traceback\n  {hostile}".encode()), ("note", b"a\x9bb")]
+    letter = DeadLetterRecord.of(Record("x.dlt", 0, 3, NOW, hostile.encode(), b"v\nreason: ok",
+                                        headers))
+    listed = table(["key", "message"], [summary_row(letter, NOW)[1::5]])
+    shown = detail(letter, NOW)
+    for text in (listed, shown):
+        assert not any(ch in text for ch in "\x1b\x07\r\x9b"), text
+        assert "\\x1b[2J\\x1b]0;pwned\\x07ok\\rfake" in text
+    assert "value:      v\\nreason: ok" in shown  # not a line of its own
+    assert "note: a\\x9bb" in shown
+    assert shown.splitlines()[-1] == "    \\x1b[2J\\x1b]0;pwned\\x07ok\\rfake"  # the trace's line
