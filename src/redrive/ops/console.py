@@ -33,6 +33,7 @@ from redrive.ops.replay import (
     TO_RETRY,
     ReplayReport,
     log_key,
+    of_record,
     read_log,
     replay,
     replays_of,
@@ -280,11 +281,12 @@ class Console:
         entries = list(read_log(self.connection, dlt, self.timeout_s, strict=False).values())
         return sorted(entries, key=lambda entry: entry.get("when_ms", 0), reverse=True)
 
-    def record_replays(self, dlt: str, partition: int, offset: int) -> list[dict[str, Any]]:
+    def record_replays(self, letter: DeadLetterRecord) -> list[dict[str, Any]]:
         """Every replay of one record the replay log keeps, newest first."""
-        entry = read_log(self.connection, dlt, self.timeout_s, strict=False).get(
-            log_key(dlt, partition, offset))
-        return [] if entry is None else replays_of(entry)
+        record = letter.record
+        entry = read_log(self.connection, record.topic, self.timeout_s, strict=False).get(
+            log_key(record.topic, record.partition, record.offset))
+        return replays_of(entry) if entry is not None and of_record(entry, letter) else []
 
     def letters(self, dlt: str, selection: Selection) -> list[DeadLetterRecord]:
         """The records of `dlt` the filter selects, newest first."""

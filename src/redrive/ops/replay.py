@@ -207,7 +207,10 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
     plans: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes]]]] = []
     for record in records:
         source = _coordinates(record)
-        if log_key(*source) in done and not again:
+        if not of_record(done.get(log_key(*source)), record):
+            # Of another record at these coordinates: the topic was deleted and created again.
+            done.pop(log_key(*source), None)
+        elif not again:
             report.already.append(source)
             continue
         prepared = prepare_copy(record, to, to_topic, group, keep_attempts, counts)
@@ -328,7 +331,7 @@ def _entry(item: Replayed, record: DeadLetterRecord, audit: Audit, when_ms: int,
         "when_ms": when_ms,
         "when": datetime.fromtimestamp(when_ms / 1000, UTC).isoformat(timespec="milliseconds"),
         "source": {"topic": item.source[0], "partition": item.source[1],
-                   "offset": item.source[2]},
+                   "offset": item.source[2], "timestamp_ms": record.record.timestamp_ms},
         "destination": {"topic": item.destination[0], "partition": item.destination[1],
                         "offset": item.destination[2]},
         "to": audit.to,
@@ -351,6 +354,17 @@ def _history(before: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {name: entry.get(name) for name in _SUMMARY}
+
+
+def of_record(entry: Mapping[str, Any] | None, letter: DeadLetterRecord) -> bool:
+    """Whether a log entry is of this record, not of one that held its coordinates before its
+    topic was deleted and created again (offsets start over; the timestamp tells them apart).
+    An entry from before timestamps were kept is taken to be."""
+    if entry is None:
+        return False
+    source = entry.get("source")
+    stamp = source.get("timestamp_ms") if isinstance(source, dict) else None
+    return stamp is None or stamp == letter.record.timestamp_ms
 
 
 def replays_of(entry: Mapping[str, Any]) -> list[dict[str, Any]]:

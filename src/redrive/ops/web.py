@@ -267,7 +267,7 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
             return problem(request, exc, 404)
         kind, shown = value_view(letter.record.value)
         return page(request, "record.html", dlt=dlt, letter=letter,
-                    replays=console.record_replays(dlt, partition, offset),
+                    replays=console.record_replays(letter),
                     details=letter.to_json(now_ms(), full=True), value_kind=kind, value=shown)
 
     @app.get("/api/dead-letters/{dlt}/{partition}/{offset}")
@@ -280,7 +280,7 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         except (UnknownTopic, InvalidArgument) as exc:
             raise HTTPException(404, str(exc)) from exc
         return {**letter.to_json(now_ms(), full=True),
-                "replays": console.record_replays(dlt, partition, offset)}
+                "replays": console.record_replays(letter)}
 
     @app.post("/dead-letters/{dlt}/replay", response_class=HTMLResponse,
               include_in_schema=False)

@@ -4,6 +4,7 @@ consumer runtime; a second replay publishes nothing; the audit log holds who, wh
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -102,8 +103,10 @@ def test_replay_to_the_first_retry_topic_is_processed_once(
     assert entry["who"] == "oncall@test" and entry["to"] == "retry"
     assert entry["attempts"] == "reset" and entry["reason"] == "exhausted"
     assert entry["destination"]["topic"] == retry_topic
-    assert entry["source"] == {"topic": dlt, "partition": letters[b"flaky-1"].partition,
-                               "offset": letters[b"flaky-1"].offset}
+    source = entry["source"]
+    assert source.pop("timestamp_ms") > 0  # the record's, telling it from a former one there
+    assert source == {"topic": dlt, "partition": letters[b"flaky-1"].partition,
+                      "offset": letters[b"flaky-1"].offset}
     assert entry["when_ms"] > 0 and entry["when"].endswith("+00:00")
 
 
@@ -244,3 +247,30 @@ def test_a_transaction_left_open_on_the_replay_log_stops_a_replay_rather_than_re
     again = replay(bootstrap, dlt, to=TO_ORIGINAL)
     assert again.replayed == [] and len(again.already) == 1
     assert [r.value for r in read_all(bootstrap, topic, expect=1)] == [b"v"]
+
+
+def test_a_dead_letter_topic_created_again_has_its_new_records_replayed(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    """Deleted and created again (a purge), the topic's offsets start over: the log's entries
+    of its former records held the new ones' coordinates, which were taken as replayed."""
+    topic, group, dlt = new_topic(), unique_name("recreated"), new_topic()
+    headers = [(h.REASON, b"exhausted"), (h.GROUP, group.encode()),
+               (h.ORIGINAL_TOPIC, topic.encode()), (h.ORIGINAL_PARTITION, b"0"),
+               (h.ORIGINAL_OFFSET, b"0")]
+    produce_records(bootstrap, dlt, [(b"k", b"old", headers)])
+    assert len(replay(bootstrap, dlt, to=TO_ORIGINAL).replayed) == 1
+    kafka.delete_topics(kafka.admin(bootstrap), [dlt])
+    wait_until(lambda: dlt not in kafka.topic_partitions(kafka.admin(bootstrap)), 10,
+               "the topic deleted")
+    kafka.create_topics(kafka.admin(bootstrap), {dlt: 1})
+    time.sleep(0.01)  # a later timestamp than the former record's
+    produce_records(bootstrap, dlt, [(b"k", b"new", headers)])
+    client = TestClient(create_app(bootstrap, timeout_s=5.0))
+    assert client.get(f"/api/dead-letters/{dlt}/0/0").json()["replays"] == []
+    done = replay(bootstrap, dlt, to=TO_ORIGINAL)
+    assert len(done.replayed) == 1 and done.already == []
+    assert [r.value for r in read_all(bootstrap, topic, expect=2)] == [b"old", b"new"]
+    again = replay(bootstrap, dlt, to=TO_ORIGINAL)
+    assert again.replayed == [] and len(again.already) == 1
+    [entry] = client.get(f"/api/dead-letters/{dlt}/0/0").json()["replays"]
+    assert entry["replay_id"] == done.replay_id
