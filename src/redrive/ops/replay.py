@@ -373,13 +373,22 @@ def replays_of(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [_summary(entry), *reversed(entry.get("history", []))]
 
 
+# The fields of an entry that replays and the console compute with, by the type they need.
+_FIELD_TYPES: Mapping[str, type] = {"when_ms": int, "replays": int, "history": list,
+                                    "source": dict, "destination": dict}
+
+
 def _read_entry(value: bytes) -> dict[str, Any] | None:
     """A log entry, or None for a value that is not one (written by hand or by another tool)."""
     try:
         entry = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    return entry if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or any(
+            name in entry and not isinstance(entry[name], kind)
+            for name, kind in _FIELD_TYPES.items()):
+        return None
+    return entry if all(isinstance(item, dict) for item in entry.get("history", [])) else None
 
 
 def read_log(connection: kafka.Connection, dlt_topic: str | None = None,

@@ -194,14 +194,18 @@ def test_a_log_entry_that_is_not_redrives_stops_the_replay_naming_it(
         (h.REASON, b"exhausted"), (h.ATTEMPT, b"2"), (h.GROUP, group.encode()),
         (h.ORIGINAL_TOPIC, topic.encode()), (h.ORIGINAL_PARTITION, b"0"),
         (h.ORIGINAL_OFFSET, b"0")])])
-    produce_records(bootstrap, REPLAY_LOG, [(f"{dlt}/0/0".encode(), b"not json {", [])])
+    produce_records(bootstrap, REPLAY_LOG, [(f"{dlt}/0/0".encode(), b"not json {", []),
+                                            (f"{dlt}/0/1".encode(), b'{"when_ms": "today"}', []),
+                                            (f"{dlt}/0/2".encode(), b'{"history": [5]}', [])])
     done = run_cli("dlt", "replay", "-b", bootstrap, "--dlt-topic", dlt, "--to", "original")
     assert done.exit_code == 2, done.output
     assert f"(key '{dlt}/0/0') is not a replay log entry: b'not json {{'" in done.stderr
     assert topic_sizes(bootstrap, topic)[topic] == 0  # nothing published
     # A listing leaves it out, and lists the rest.
-    listed = TestClient(create_app(bootstrap, timeout_s=5.0)).get(f"/api/replays?dlt={dlt}")
+    client = TestClient(create_app(bootstrap, timeout_s=5.0))
+    listed = client.get(f"/api/replays?dlt={dlt}")
     assert listed.status_code == 200 and listed.json() == []
+    assert client.get(f"/replays?dlt={dlt}").status_code == 200  # its fields are not computed on
 
 
 def test_a_named_record_the_topic_does_not_hold_is_refused_naming_it(
