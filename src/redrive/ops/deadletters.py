@@ -300,7 +300,8 @@ class Reader:
         """Refuse a named record the topic cannot hold (a replay of it would select nothing
         and read as done), naming the field it was given as."""
         marks = self.marks()
-        for partition, offset in sorted(places):
+        named = sorted(set(places))
+        for partition, offset in named:
             self.check_partition(partition, field, f"{partition}:{offset}")
             low, high = marks[partition]
             if not low <= offset < high:
@@ -308,6 +309,15 @@ class Reader:
                                       f"{self.topic}[{partition}] holds no record there "
                                       f"(offsets {low}..{high - 1})" if high > low else
                                       f"{self.topic}[{partition}] holds no record")
+        # Within the offsets, a transaction's marker or aborted record is no record either.
+        found = {(letter.record.partition, letter.record.offset) for letter in self.records(
+            DeadLetterFilter(partitions=frozenset(p for p, _ in named),
+                             coordinates=frozenset(named)))}
+        for partition, offset in named:
+            if (partition, offset) not in found:
+                raise InvalidArgument(field, f"{partition}:{offset}",
+                                      f"{self.topic}[{partition}] holds no record there (a "
+                                      "transaction's marker or aborted record)")
 
     def one(self, partition: int, offset: int) -> DeadLetterRecord:
         """The record at partition:offset; raises InvalidArgument if there is none."""

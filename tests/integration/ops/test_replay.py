@@ -209,14 +209,20 @@ def test_a_log_entry_that_is_not_redrives_stops_the_replay_naming_it(
 
 
 def test_a_named_record_the_topic_does_not_hold_is_refused_naming_it(
-        bootstrap: str, new_topic: NewTopic) -> None:
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
     topic, dlt = new_topic(), new_topic()
-    produce_records(bootstrap, dlt, [(b"k", b"v", [
-        (h.REASON, b"exhausted"), (h.GROUP, b"g"), (h.ORIGINAL_TOPIC, topic.encode()),
-        (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"0")])])
+    headers = [(h.REASON, b"exhausted"), (h.GROUP, b"g"), (h.ORIGINAL_TOPIC, topic.encode()),
+               (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"0")]
+    produce_records(bootstrap, dlt, [(b"k", b"v", headers)])
+    transactional = kafka.producer(bootstrap, transactional_id=unique_name("dlt-writer"))
+    transactional.init_transactions(10)
+    transactional.begin_transaction()
+    transactional.produce(dlt, value=b"w", key=b"k", headers=headers, partition=0)
+    transactional.commit_transaction(10)  # the record at 1, its commit marker at 2
     base = ["dlt", "replay", "-b", bootstrap, "--dlt-topic", dlt, "--to", "original"]
     for record, why in [("7:0", f"{dlt} has partitions 0..0"),
-                        ("0:99", f"{dlt}[0] holds no record there (offsets 0..0)")]:
+                        ("0:99", f"{dlt}[0] holds no record there (offsets 0..2)"),
+                        ("0:2", f"{dlt}[0] holds no record there (a transaction's marker")]:
         done = run_cli(*base, "--record", record)
         assert done.exit_code == 2, done.output
         assert f"invalid record='{record}': {why}" in done.stderr
