@@ -11,6 +11,7 @@ session and on Spark Connect, where the body runs in the server's Python process
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -321,8 +322,11 @@ class RetryPipeline:
         """Run until `until(stats)` holds, the timeout passes, stop() is called or SIGTERM; an
         `available_now` pipeline also stops once it has read what its topics held at the start.
 
-        On SIGTERM the pipeline lets the batch in progress finish before stopping the query, so
-        the checkpoint and the Kafka commits stay in step.
+        On SIGTERM the pipeline lets the batch in progress finish before stopping the query; a
+        batch Spark began right after it is cut, and runs again from the checkpoint at the next
+        start, where the batch ledger keeps it from writing or copying twice. An error leaving
+        the loop (from `until` or `on_batch`) stops the query too: on Spark Connect it would
+        go on in the server, with no one to stop it.
 
         Run again once it returned (a scheduled job's next run), it starts a new query from the
         checkpoint, and `stats` then count that run alone.
@@ -337,14 +341,22 @@ class RetryPipeline:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             with stop_on_signals(self._stopping.set):
-                while query.isActive:
-                    self._read_reports()
-                    if until is not None and until(self.stats):
-                        break
-                    if deadline is not None and time.monotonic() > deadline:
-                        break
-                    if self._stopping.wait(poll_s):
-                        break
+                try:
+                    while query.isActive:
+                        self._read_reports()
+                        if until is not None and until(self.stats):
+                            break
+                        if deadline is not None and time.monotonic() > deadline:
+                            break
+                        if self._stopping.wait(poll_s):
+                            break
+                except BaseException:
+                    # An error leaving the loop (until= or on_batch= raising, an interrupt)
+                    # must not leave the query running: on Spark Connect it runs in the server
+                    # and outlives this process, with no one to read its reports or stop it.
+                    with contextlib.suppress(Exception):
+                        query.stop()
+                    raise
                 self._stop_between_batches(query)
                 self._read_reports()
             if query.exception() is not None:
@@ -367,9 +379,23 @@ class RetryPipeline:
             self._follower = None
 
     def _stop_between_batches(self, query: Any, wait_s: float = 120.0) -> None:
+        """Stop at once when no batch runs; else as soon as the batch running when asked has
+        committed (a new progress is reported). A busy query (a backlog: each batch longer
+        than the trigger interval) starts its next batch at once and is never seen with no
+        trigger active, so waiting for that waited the whole wait_s and then cut a batch
+        anyway. A batch cut short runs again from the checkpoint; the ledger keeps it from
+        writing or copying twice."""
         deadline = time.monotonic() + wait_s
-        while query.isActive and query.status.get("isTriggerActive") \
-                and time.monotonic() < deadline:
+        first: Any = ()
+        while query.isActive and time.monotonic() < deadline:
+            if not query.status.get("isTriggerActive"):
+                break
+            progress = query.lastProgress
+            seen = None if progress is None else progress["batchId"]
+            if first == ():
+                first = seen
+            elif seen != first:
+                break  # the batch that was running has committed
             time.sleep(0.1)
         query.stop()
 
