@@ -49,6 +49,9 @@ class DeadLetterInfo:
     attempts: int | None = None
     group: str | None = None
     reason: str | None = None
+    # The type of the error's cause, where the writer names it apart (Spring wraps a listener's
+    # exception in its own ListenerExecutionFailedException and names the listener's as cause).
+    cause_type: str | None = None
 
 
 def _lenient_int(raw: bytes | None) -> int | None:
@@ -94,14 +97,14 @@ def _read_spring(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
         original = _origin(_lenient_text(topic), _lenient_int(last(headers, prefix + "partition")),
                            _lenient_int(last(headers, prefix + "offset")),
                            _lenient_int(last(headers, prefix + "timestamp")))
-        error_type = (last(headers, error_prefix + "fqcn")
-                      or last(headers, error_prefix + "cause-fqcn"))
+        cause = last(headers, error_prefix + "cause-fqcn")
         return DeadLetterInfo(
-            "spring", original, _lenient_text(error_type),
+            "spring", original, _lenient_text(last(headers, error_prefix + "fqcn") or cause),
             _lenient_text(last(headers, error_prefix + "message")),
             _lenient_text(last(headers, error_prefix + "stacktrace")),
             _lenient_int(last(headers, SPRING_ATTEMPTS)),
-            _lenient_text(last(headers, prefix + "consumer-group")))
+            _lenient_text(last(headers, prefix + "consumer-group")),
+            cause_type=_lenient_text(cause))
     return None
 
 

@@ -144,7 +144,8 @@ class DeadLetterFilter:
     """Which dead-letter records to select; every given condition must hold (empty: all).
 
     An error type matches by its full name or its last dotted part, so `TimeoutError` selects
-    `java.util.concurrent.TimeoutError` as well as Python's builtin.
+    `java.util.concurrent.TimeoutError` as well as Python's builtin; it matches a record's error
+    or, where its writer names one apart (Spring), that error's cause.
     """
 
     reasons: frozenset[str] = frozenset()
@@ -164,7 +165,10 @@ class DeadLetterFilter:
             return False
         if self.reasons and letter.reason not in self.reasons:
             return False
-        if self.error_types and not _type_matches(letter.error_type, self.error_types):
+        if self.error_types and not (
+                _type_matches(letter.error_type, self.error_types)
+                or _type_matches(letter.info.cause_type if letter.info else None,
+                                 self.error_types)):
             return False
         if self.since_ms is not None and record.timestamp_ms < self.since_ms:
             return False

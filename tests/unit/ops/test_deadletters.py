@@ -143,3 +143,17 @@ def test_coordinates() -> None:
 def test_named_records_are_read_from_their_own_offsets(
         selection: DeadLetterFilter, partition: int, expected: tuple[int, int] | None) -> None:
     assert selection.offsets(partition, 5, 20) == expected
+
+
+def test_an_error_type_selects_a_spring_letter_by_its_error_or_that_errors_cause() -> None:
+    # Spring names the listener's exception as the cause of its own wrapper.
+    letter = DeadLetterRecord.of(Record("orders-dlt", 0, 5, NOW, b"k", b"{}", [
+        ("kafka_dlt-original-topic", b"orders"),
+        ("kafka_dlt-exception-fqcn",
+         b"org.springframework.kafka.listener.ListenerExecutionFailedException"),
+        ("kafka_dlt-exception-cause-fqcn", b"com.shop.ParseError")]))
+    assert letter.error_type == \
+        "org.springframework.kafka.listener.ListenerExecutionFailedException"
+    for wanted in ("ParseError", "com.shop.ParseError", "ListenerExecutionFailedException"):
+        assert make_filter(error_types=[wanted]).matches(letter), wanted
+    assert not make_filter(error_types=["TimeoutError"]).matches(letter)
