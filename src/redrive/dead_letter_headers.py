@@ -49,8 +49,8 @@ class DeadLetterInfo:
     attempts: int | None = None
     group: str | None = None
     reason: str | None = None
-    # The type of the error's cause, where the writer names it apart (Spring wraps a listener's
-    # exception in its own ListenerExecutionFailedException and names the listener's as cause).
+    # The type of the error's cause, where the writer names it apart (Spring's
+    # exception-cause-fqcn): a selection by error type looks at both.
     cause_type: str | None = None
 
 

@@ -146,7 +146,7 @@ def test_named_records_are_read_from_their_own_offsets(
 
 
 def test_an_error_type_selects_a_spring_letter_by_its_error_or_that_errors_cause() -> None:
-    # Spring names the listener's exception as the cause of its own wrapper.
+    # A wrapper exception whose cause is the listener's own.
     letter = DeadLetterRecord.of(Record("orders-dlt", 0, 5, NOW, b"k", b"{}", [
         ("kafka_dlt-original-topic", b"orders"),
         ("kafka_dlt-exception-fqcn",
