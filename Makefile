@@ -6,7 +6,7 @@ PY = .venv/bin/python
 VENV_STAMP = .venv/.installed-from-pyproject
 LINT_PATHS = $(wildcard src tests bench demo)
 
-.PHONY: .venv librdkafka tools postgres browser test demo lint typecheck pytest unit integration fuzz chaos clean
+.PHONY: .venv librdkafka tools postgres browser promtool test demo lint typecheck pytest unit integration fuzz chaos clean
 
 .venv: $(VENV_STAMP)
 
@@ -45,7 +45,14 @@ browser:
 	  $$sudo apt-get update && \
 	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
-test: .venv tools postgres browser lint typecheck pytest
+# Debian's Prometheus, for promtool: the example alert rules are unit-tested with it.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  sudo=$$(test "$$(id -u)" -eq 0 || echo sudo); \
+	  $$sudo apt-get update && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }
+
+test: .venv tools postgres browser promtool lint typecheck pytest
 
 lint: .venv
 	$(PY) -m ruff check $(LINT_PATHS)
@@ -56,10 +63,10 @@ typecheck: .venv
 # Two workers: one runs the Spark tests that share a JVM and the Connect server, the other every
 # other file meanwhile, the standalone cluster's among them (tests/conftest.py,
 # SparkFilesTogether). One after the other took 21 min.
-pytest: .venv tools postgres browser
+pytest: .venv tools postgres browser promtool
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
-unit: .venv
+unit: .venv promtool
 	$(PY) -m pytest -q tests/unit
 
 integration: .venv tools postgres browser
