@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from redrive import kafka
@@ -105,4 +105,16 @@ def report_gone(group_consumer: Consumer, tps: list[PartitionKey], metrics: Metr
                   "record(s) lost%s. Reading on from offset %d", who, topic, partition, start,
                   found.low - 1, found.low - start, unless, found.low)
         metrics.lost(topic, found.low - start)
+    if gone:
+        # Committed at once, so that the gap is reported once: left uncommitted (a partition
+        # that receives nothing more is never committed past it) every later assignment, here
+        # or in another member, and every restart, would log and count the same records again.
+        # The offsets are gone, so nothing can be read below `low` anyway.
+        try:
+            # Synchronous: the runtimes count their own asynchronous commits' answers.
+            group_consumer.commit(offsets=[TopicPartition(t, p, offsets[(t, p)].low)
+                                           for t, p in gone], asynchronous=False)
+        except KafkaException as exc:
+            log.warning("%s: could not commit past the deleted offsets (%s); they will be "
+                        "reported again at the next assignment", who, exc.args[0])
     return gone
