@@ -246,8 +246,11 @@ class RowFilter:
             parts.append(c.status.in_(self.statuses))
         if self.error_type is not None:
             # "TimeoutError" finds "builtins.TimeoutError" and "app.errors.TimeoutError" alike.
+            # '%' and '_' in a type name are themselves, not LIKE wildcards.
+            escaped = (self.error_type.replace("\\", "\\\\").replace("%", "\\%")
+                       .replace("_", "\\_"))
             parts.append(or_(c.error_type == self.error_type,
-                             c.error_type.like(f"%.{self.error_type}")))
+                             c.error_type.like(f"%.{escaped}", escape="\\")))
         if self.older_than_ms is not None:
             parts.append(c.created_ms <= now - self.older_than_ms)
         if self.newer_than_ms is not None:

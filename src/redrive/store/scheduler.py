@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from redrive import headers as h
 from redrive import kafka
@@ -74,6 +74,8 @@ DEFAULT_LEASE_S = 600.0
 CLAIM_S = 60.0
 # A record read back is read alone: the broker should answer at once.
 READER_OVERRIDES: Mapping[str, Any] = {"fetch.wait.max.ms": 10}
+_UNKNOWN_CODES = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART})
 
 
 @dataclass(frozen=True)
@@ -160,12 +162,16 @@ class Scheduler:
                     self._overdue(batch.rows[0].due_ms if batch.rows else None)
                 published, expired, lateness = self._dispatch(batch)
                 died = len(batch.dead_ids)
-                if batch.taken == self.batch_size:
-                    # More are likely due and the next pass follows at once: its claim writes
-                    # this one's marks in the same transaction, one commit a pass instead of
-                    # two. Should this process die first, the rows come back after their claim.
-                    batch.defer()
-                    self._unsettled = batch
+                # The marks are written by this scheduler, and kept until they are: a settle
+                # that fails (the database away for a moment) must not leave published rows
+                # to pass for a dead scheduler's claims.
+                batch.defer()
+                self._unsettled = batch
+            if batch.taken < self.batch_size:
+                # Fewer than a whole batch: written now. (A whole batch's marks go with the
+                # next pass's claim, which follows at once: one commit a pass instead of two.
+                # Should this process die first, the rows come back after their claim.)
+                self._settle()
         else:
             self._settle()
         notified = self.notifier.deliver(self.store)
@@ -206,7 +212,7 @@ class Scheduler:
             return 0, 0, []
         out: list[tuple[StoredRetry, kafka.OutRecord]] = []
         gone: list[StoredRetry] = []
-        nowhere: list[StoredRetry] = []
+        nowhere: list[tuple[StoredRetry, str]] = []
         unreadable: dict[tuple[str, int], RangeReadFailed] = {}
         for row in batch.rows:
             try:
@@ -214,9 +220,9 @@ class Scheduler:
                 if failed is not None:
                     raise failed  # tried once a pass: each try may wait timeout_s
                 record = self._record(row)
-            except UnknownTopic:
+            except UnknownTopic as exc:
                 # Failing the pass would take the same rows first again, and block every group.
-                nowhere.append(row)
+                nowhere.append((row, exc.topic))
                 continue
             except RangeReadFailed as exc:
                 # A reference whose partition cannot be read now (a topic the scheduler may not
@@ -231,10 +237,13 @@ class Scheduler:
         at = now_ms()
         batch.mark_dead(gone, EXPIRED, "the record is no longer in Kafka (retention or "
                         "compaction removed it) so it cannot be retried", at)
-        for row in nowhere:
-            batch.mark_dead([row], NO_DESTINATION, f"its destination topic {row.destination!r} "
-                            "does not exist", at)
-        for row, reason in [*((r, EXPIRED) for r in gone), *((r, NO_DESTINATION) for r in nowhere)]:
+        for row, topic in nowhere:
+            what = "destination" if topic == row.destination else "original"
+            batch.mark_dead([row], NO_DESTINATION, f"its {what} topic {topic!r} does not exist "
+                            f"(or has no partition {row.partition})" if what == "original"
+                            else f"its destination topic {topic!r} does not exist", at)
+        for row, reason in [*((r, EXPIRED) for r in gone),
+                            *((r, NO_DESTINATION) for r, _ in nowhere)]:
             self.metrics.dead_lettered(row.topic, reason)
         if out:
             try:
@@ -296,7 +305,18 @@ class Scheduler:
         retention, or compacted or aborted: then no record fills the offset). Raises
         RangeReadFailed when it cannot be read in time."""
         reader = self._require_reader()
-        low, high = kafka.watermarks(reader, row.topic, row.partition, self.timeout_s)
+        try:
+            low, high = kafka.watermarks(reader, row.topic, row.partition, self.timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            code = error.code() if isinstance(error, KafkaError) else None
+            if code in _UNKNOWN_CODES and row.partition >= self._fresh_partition_count(row.topic):
+                # The original topic (or this partition of it) is gone: the record with it.
+                raise UnknownTopic(row.topic) from exc
+            # Any other failure to ask (a partition without a leader, a timeout) is held per
+            # partition like a stuck read: failing the pass would block every group.
+            raise RangeReadFailed(row.topic, row.partition, row.offset, row.offset + 1,
+                                  f"its watermarks could not be read: {exc}") from exc
         if not low <= row.offset < high:
             return None
         wanted = PartitionRange(row.topic, row.partition, row.offset, row.offset + 1)
@@ -305,6 +325,11 @@ class Scheduler:
             message = chunk.messages[0]
             return message.key(), message.value(), kafka.message_headers(message)
         return None
+
+    def _fresh_partition_count(self, topic: str) -> int:
+        """The topic's partition count from metadata asked now; 0 when it does not exist."""
+        self._partitions = kafka.topic_partitions(self._require_admin())
+        return self._partitions.get(topic, 0)
 
     def _partition_count(self, topic: str) -> int:
         if topic not in self._partitions:

@@ -65,7 +65,7 @@ class RetryStore:
         self.url = database_url(url, create=create)
         try:
             self.engine: Engine = engine(self.url)
-        except ArgumentError as exc:
+        except (ArgumentError, ValueError) as exc:  # ValueError: make_url's, e.g. a bad port
             raise InvalidArgument("url", str(url), str(exc)) from exc
         self.dialect = self.engine.dialect.name
         self._rows_written = 0

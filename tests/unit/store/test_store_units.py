@@ -211,3 +211,22 @@ def test_a_scheduler_refuses_a_bad_argument_naming_it(tmp_path: Path, field: str
         assert caught.value.field == field and caught.value.value == value
     finally:
         store.close()
+
+
+def test_a_url_with_a_port_that_is_not_a_number_is_refused_naming_it() -> None:
+    with pytest.raises(InvalidArgument, match=r"invalid url='postgresql://u@h:port/db'"):
+        RetryStore("postgresql://u@h:port/db")
+
+
+def test_an_error_type_selects_by_its_name_not_as_a_pattern(tmp_path: Path) -> None:
+    # `_` and `%` were LIKE's wildcards: a purge by `Read_Error` also deleted `app.ReadXError`.
+    store = RetryStore(tmp_path / "types.db")
+    types = ["app.Read_Error", "app.ReadXError", "other.ValueError", "app.50%Error"]
+    store.write([Entry(group="g", topic="orders", partition=0, offset=o, timestamp_ms=5,
+                       key=None, mode="payload", value=b"v", headers=[], target=None, attempt=1,
+                       first_failure_ms=6, due_ms=10, status=PENDING, error_type=kind)
+                 for o, kind in enumerate(types)], [])
+    for wanted, found in [("Read_Error", ["app.Read_Error"]), ("%Error", []),
+                          ("50%Error", ["app.50%Error"]), ("app.ReadXError", ["app.ReadXError"])]:
+        assert [r.error_type for r in store.find(RowFilter(error_type=wanted))] == found, wanted
+    store.close()
