@@ -22,7 +22,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, func, select, text, update
+from sqlalchemy import Connection, Engine, and_, case, delete, func, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
@@ -292,15 +292,17 @@ class RetryStore:
                 out[(group, topic)][status] = int(count)
         return dict(out)
 
-    def waiting_by_group(self) -> dict[tuple[str, str], tuple[int, int, int]]:
+    def waiting_by_group(self) -> dict[tuple[str, str], tuple[int, int, int | None]]:
         """Per (group, original topic), rows not finished (pending, in flight or parked): how
-        many, the oldest row's creation time and the earliest due time."""
+        many, the oldest row's creation time, and the earliest due time of the pending ones
+        (None if none is: a parked row's due time is when it was parked, and an in-flight one
+        is published already)."""
         c = retries.c
         query = (select(c.group_id, c.topic, func.count(), func.min(c.created_ms),
-                        func.min(c.due_ms))
+                        func.min(case((c.status == PENDING, c.due_ms))))
                  .where(c.status.in_(ACTIVE)).group_by(c.group_id, c.topic))
         with self._begin(read_only=True) as conn:
-            return {(group, topic): (int(count), int(oldest), int(due))
+            return {(group, topic): (int(count), int(oldest), None if due is None else int(due))
                     for group, topic, count, oldest, due in conn.execute(query)}
 
     def oldest_pending_due_ms(self) -> int | None:

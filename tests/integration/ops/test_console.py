@@ -25,7 +25,7 @@ from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore
 from redrive.store.rows import Entry
-from redrive.store.schema import CANCELLED, DEAD, PENDING
+from redrive.store.schema import CANCELLED, DEAD, IN_FLIGHT, PARKED, PENDING, retries
 
 from ..consumer.conftest import FAST_GROUP, Running, read_all, wait_until
 from .conftest import produce_records, run_cli, topic_sizes
@@ -511,7 +511,14 @@ def test_the_overview_shows_retries_waiting_in_the_store_and_the_delay_tiers(
                            error_trace="", ordered=False)
                      for o, (owner, due, status) in enumerate([
                          (group, 60_000, PENDING), (group, 30_000, PENDING),
-                         (group, 1_000, DEAD), ("other", 5_000, PENDING)])], [])
+                         (group, 1_000, DEAD), ("other", 5_000, PENDING),
+                         (group, -4_000, PENDING), (group, 2_000, PENDING)])], [])
+        # A row parked behind an earlier record of its key (its due time is when it was
+        # parked) and one published already: both wait, neither is the next due.
+        with store._begin() as conn:
+            for offset, status in ((4, PARKED), (5, IN_FLIGHT)):
+                conn.execute(retries.update().where(retries.c.offset == offset)
+                             .values(status=status))
         web = TestClient(create_app(bootstrap, store=store, timeout_s=5.0,
                                     delay=DelayTiers(prefix, unique_name("service"))))
         row = next(g for g in web.get("/api/groups").json()
@@ -520,9 +527,9 @@ def test_the_overview_shows_retries_waiting_in_the_store_and_the_delay_tiers(
         assert (waits["delay tiers"]["records"], waits["delay tiers"]["complete"]) == (3, True)
         assert waits["delay tiers"]["next_due_ms"] == at + 7_000
         assert waits["delay tiers"]["oldest_ms"] == at - 5 * MINUTE_MS
-        assert (waits["store"]["records"], waits["store"]["next_due_ms"]) == (2, at + 30_000)
+        assert (waits["store"]["records"], waits["store"]["next_due_ms"]) == (4, at + 30_000)
         assert waits["store"]["oldest_ms"] >= at
         page = web.get("/").text
-        assert "3 in the delay tiers" in page and "2 in the store" in page
+        assert "3 in the delay tiers" in page and "4 in the store" in page
     finally:
         store.close()
