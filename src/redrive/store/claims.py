@@ -148,6 +148,13 @@ def reclaim_expired(conn: Connection, lease_ms: int, claim_ms: int, at: int) -> 
 # is notifying it, minus the time of the claim.
 
 
+def any_unnotified(conn: Connection) -> bool:
+    """Whether a dead row waits for its notification (read only: asked every pass)."""
+    c = retries.c
+    return conn.execute(select(c.id).where(c.status == DEAD, c.notified_ms.is_(None))
+                        .limit(1)).first() is not None
+
+
 def take_unnotified(conn: Connection, limit: int, at: int) -> Unnotified:
     """Claim up to `limit` dead rows not notified yet (skipping other schedulers' claims)."""
     c = retries.c

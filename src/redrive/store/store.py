@@ -221,8 +221,14 @@ class RetryStore:
         caller's hooks run; when the block ends, those passed to `notified()` are marked and
         the others handed back. Should the caller die first, `release_notification_claims`
         hands them back."""
-        with self._begin() as conn:
-            batch = claims.take_unnotified(conn, limit, now_ms())
+        # Asked first without writing: on SQLite a writing transaction takes the database's one
+        # write lock, which the runtimes' batches would wait for at every idle pass.
+        with self._begin(read_only=True) as conn:
+            waiting = claims.any_unnotified(conn)
+        batch = Unnotified([])
+        if waiting:
+            with self._begin() as conn:
+                batch = claims.take_unnotified(conn, limit, now_ms())
         try:
             yield batch
         finally:
