@@ -171,9 +171,12 @@ def summarize(layout: Roles, before: Snapshot, after: Snapshot,
         earlier = before.offsets[name]
         appended = sum(o.high - earlier[p].high for p, o in per.items() if p in earlier)
         consumed: int | None = None
-        if role != DEAD_LETTER:
-            consumed = sum(o.resume - earlier[p].resume
-                           for p, o in per.items() if p in earlier)
+        # From a partition's commit only: with none, the resume position is its first offset,
+        # and a first commit within the window would count every offset before it.
+        read = [p for p, o in per.items() if p in earlier and earlier[p].committed is not None
+                and o.committed is not None]
+        if role != DEAD_LETTER and read:
+            consumed = sum(per[p].resume - earlier[p].resume for p in read)
         out.append(TopicStats(name, role, len(per), waiting, lag, oldest, min(dues, default=None),
                               appended, consumed, window_s, (retentions or {}).get(name)))
     return out

@@ -83,3 +83,18 @@ def test_a_partition_holding_only_transaction_markers_waits_none() -> None:
     main, retry, _ = summarize(layout, shot, shot, heads)
     assert (main.waiting, main.lag) == (11, 11)
     assert (retry.waiting, retry.lag, retry.oldest_ms) == (0, 0, None)
+
+
+def test_a_first_commit_within_the_window_does_not_count_what_came_before_it() -> None:
+    # A group started at the latest offset: nothing committed, then a commit at 100,040.
+    layout = Roles("m", (), None)
+    before = Snapshot(1_000, {"m": {0: PartitionOffsets(0, 100_000, None),
+                                    1: PartitionOffsets(0, 50, 30)}})
+    after = Snapshot(3_000, {"m": {0: PartitionOffsets(0, 100_040, 100_040),
+                                   1: PartitionOffsets(0, 60, 40)}})
+    [main] = summarize(layout, before, after, {})
+    assert (main.consumed, main.rate(main.consumed)) == (10, 5.0)  # partition 1's only
+    alone = Roles("m", (), None)
+    [only] = summarize(alone, Snapshot(1_000, {"m": {0: before.offsets["m"][0]}}),
+                       Snapshot(3_000, {"m": {0: after.offsets["m"][0]}}), {})
+    assert only.consumed is None  # nothing to count from: not shown
