@@ -17,7 +17,7 @@ beside it: `outcomes` (what the runtimes write and look up), `claims` (what the 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ from redrive.store.rows import (
 from redrive.store.schema import ACTIVE, DEAD, FINAL, IN_FLIGHT, PARKED, PENDING, retries
 
 FIRST_ANALYZE_ROWS = 1_000
+# Tries of a writing transaction that PostgreSQL aborts to break a deadlock.
+DEADLOCK_TRIES = 3
 LAST_ANALYZE_ROWS = 1_000_000
 
 
@@ -99,6 +101,22 @@ class RetryStore:
         except OperationalError as exc:
             raise StoreUnavailable(self.display_url, str(exc.orig or exc).strip()) from exc
 
+    def _write(self, body: Callable[[Connection], None]) -> None:
+        """`body` in a writing transaction, run again when PostgreSQL aborts it to break a
+        deadlock: a scheduler's marks and a runtime's outcomes can lock the same rows in
+        opposite orders, and the runtime's batch would be handled again, or the marks wait."""
+        tries = 1
+        while True:
+            try:
+                with self._begin() as conn:
+                    body(conn)
+                return
+            except StoreUnavailable as exc:
+                orig = getattr(exc.__cause__, "orig", None)
+                if tries == DEADLOCK_TRIES or getattr(orig, "sqlstate", None) != "40P01":
+                    raise
+                tries += 1
+
     def _connect(self) -> Connection:
         try:
             return self.engine.connect()
@@ -122,9 +140,12 @@ class RetryStore:
               at_ms: int | None = None) -> None:
         """Record one batch's outcomes in one transaction (see outcomes.Outcomes.write)."""
         batch = outcomes.Outcomes(entries, successes, now_ms() if at_ms is None else at_ms)
-        with self._begin() as conn:
+
+        def write(conn: Connection) -> None:
             batch.write(conn, self.dialect)
             self._keep_statistics(conn, len(entries))
+
+        self._write(write)
 
     def _keep_statistics(self, conn: Connection, written: int) -> None:
         """ANALYZE the table on PostgreSQL after 1,000 rows written by this store, then after
@@ -206,8 +227,7 @@ class RetryStore:
     def settle(self, batch: DueBatch) -> None:
         """Write what the claimer of `batch` marked, and hand back the rows it did not."""
         if batch.dispatched or batch.dead or batch.held or batch.unsettled:
-            with self._begin() as conn:
-                claims.settle(conn, batch)
+            self._write(lambda conn: claims.settle(conn, batch))
 
     def _release_claims(self, batch: DueBatch) -> None:
         # Unreachable now, they come back when their claim runs out.

@@ -230,3 +230,40 @@ def test_an_error_type_selects_by_its_name_not_as_a_pattern(tmp_path: Path) -> N
                           ("50%Error", ["app.50%Error"]), ("app.ReadXError", ["app.ReadXError"])]:
         assert [r.error_type for r in store.find(RowFilter(error_type=wanted))] == found, wanted
     store.close()
+
+
+def test_a_write_postgresql_aborts_to_break_a_deadlock_is_run_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler's marks and a runtime's outcomes can lock the same rows in opposite orders;
+    the aborted side's batch was handled again (a runtime) or its marks left waiting."""
+    import psycopg.errors
+    from sqlalchemy.exc import OperationalError
+
+    from redrive.store import outcomes
+
+    store = RetryStore(tmp_path / "deadlock.db")
+    write = outcomes.Outcomes.write
+    aborted: list[int] = []
+
+    def deadlocked_first(self: outcomes.Outcomes, conn: object, dialect: str) -> None:
+        if len(aborted) < 2:
+            aborted.append(1)
+            raise OperationalError("UPDATE retries ...", {}, psycopg.errors.DeadlockDetected(
+                "deadlock detected"))
+        write(self, conn, dialect)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(outcomes.Outcomes, "write", deadlocked_first)
+    store.write([Entry(group="g", topic="orders", partition=0, offset=0, timestamp_ms=5,
+                       key=None, mode="payload", value=b"v", headers=[], target=None, attempt=1,
+                       first_failure_ms=6, due_ms=10, status=PENDING)], [])
+    assert len(aborted) == 2 and [r.offset for r in store.find()] == [0]
+    # Anything else the database says is not tried again.
+    def gone(self: outcomes.Outcomes, conn: object, dialect: str) -> None:
+        aborted.append(1)
+        raise OperationalError("UPDATE", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(outcomes.Outcomes, "write", gone)
+    with pytest.raises(StoreUnavailable, match="server closed the connection"):
+        store.write([], [])
+    assert len(aborted) == 3
+    store.close()
