@@ -115,3 +115,17 @@ class Calls:
 
 def scheduler(store: RetryStore, bootstrap: str, **kwargs: Any) -> Scheduler:
     return Scheduler(store, bootstrap, idle_s=0.02, **kwargs)
+
+
+@pytest.fixture
+def transactions(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each transaction the stores open from here on, as whether it writes."""
+    opened: list[bool] = []
+    begin = RetryStore._begin
+
+    def counted(self: RetryStore, *, read_only: bool = False) -> Any:
+        opened.append(not read_only)
+        return begin(self, read_only=read_only)
+
+    monkeypatch.setattr(RetryStore, "_begin", counted)
+    return opened

@@ -242,16 +242,10 @@ def test_a_pass_that_fails_hands_its_claims_back_at_once(
 
 def test_a_whole_batch_is_marked_dispatched_with_the_next_claim(
         store: RetryStore, bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, transactions: list[bool]) -> None:
     topic, group = new_topic(), unique_name("deferred")
     store.write([entry(group, topic, o, due_ms=now_ms() - 1) for o in range(5)], [])
-    writes: list[bool] = []
-    begin = RetryStore._begin
-
-    def counted(self: RetryStore, *, read_only: bool = False) -> Any:
-        writes.append(not read_only)
-        return begin(self, read_only=read_only)
-    monkeypatch.setattr(RetryStore, "_begin", counted)
+    writes = transactions
 
     def dispatched() -> dict[int, int]:
         return {r.offset: r.dispatches for r in store.find() if r.dispatched_ms is not None}
