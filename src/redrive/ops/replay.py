@@ -207,10 +207,11 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
     plans: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes]]]] = []
     for record in records:
         source = _coordinates(record)
-        if not of_record(done.get(log_key(*source)), record):
+        earlier = done.get(log_key(*source))
+        if earlier is not None and not of_record(earlier, record):
             # Of another record at these coordinates: the topic was deleted and created again.
-            done.pop(log_key(*source), None)
-        elif not again:
+            del done[log_key(*source)]
+        elif earlier is not None and not again:
             report.already.append(source)
             continue
         prepared = prepare_copy(record, to, to_topic, group, keep_attempts, counts)
@@ -356,12 +357,10 @@ def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {name: entry.get(name) for name in _SUMMARY}
 
 
-def of_record(entry: Mapping[str, Any] | None, letter: DeadLetterRecord) -> bool:
+def of_record(entry: Mapping[str, Any], letter: DeadLetterRecord) -> bool:
     """Whether a log entry is of this record, not of one that held its coordinates before its
     topic was deleted and created again (offsets start over; the timestamp tells them apart).
     An entry from before timestamps were kept is taken to be."""
-    if entry is None:
-        return False
     source = entry.get("source")
     stamp = source.get("timestamp_ms") if isinstance(source, dict) else None
     return stamp is None or stamp == letter.record.timestamp_ms

@@ -238,10 +238,10 @@ class Scheduler:
         batch.mark_dead(gone, EXPIRED, "the record is no longer in Kafka (retention or "
                         "compaction removed it) so it cannot be retried", at)
         for row, topic in nowhere:
-            what = "destination" if topic == row.destination else "original"
-            batch.mark_dead([row], NO_DESTINATION, f"its {what} topic {topic!r} does not exist "
-                            f"(or has no partition {row.partition})" if what == "original"
-                            else f"its destination topic {topic!r} does not exist", at)
+            why = (f"its destination topic {topic!r} does not exist" if topic == row.destination
+                   else f"its original topic {topic!r} does not exist (or has no partition "
+                   f"{row.partition})")
+            batch.mark_dead([row], NO_DESTINATION, why, at)
         for row, reason in [*((r, EXPIRED) for r in gone),
                             *((r, NO_DESTINATION) for r, _ in nowhere)]:
             self.metrics.dead_lettered(row.topic, reason)
