@@ -68,8 +68,16 @@ class FakeGroupConsumer:
     """Committed offsets and watermarks of a few partitions, as a group's consumer reports them."""
 
     def __init__(self, committed: dict[tuple[str, int], int], lows: dict[tuple[str, int], int],
-                 down: bool = False) -> None:
+                 down: bool = False, refuse_commits: bool = False) -> None:
         self._committed, self._lows, self._down = committed, lows, down
+        self._refuse_commits = refuse_commits
+        self.commits: list[dict[tuple[str, int], int]] = []
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        assert not asynchronous  # the runtimes count their own asynchronous commits' answers
+        if self._refuse_commits:
+            raise KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS, "rebalancing"))
+        self.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
 
     def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         if self._down:
@@ -88,10 +96,13 @@ def test_offsets_deleted_past_what_the_group_committed_are_logged_and_counted(
     # Committed before the deleted ones, at them, past them; never committed (from 0).
     committed = {("r", 0): 4, ("r", 1): 10, ("r", 2): 12}
     metrics = Metrics("consumer", "g")
+    group = FakeGroupConsumer(committed, lows | {("r", 4): 7})
     with caplog.at_level(logging.ERROR, logger="redrive.retention"):
-        gone = retention.report_gone(FakeGroupConsumer(committed, lows | {("r", 4): 7}),
-                                     [*lows, ("r", 4)], metrics, "group g")  # type: ignore[arg-type]
+        gone = retention.report_gone(group, [*lows, ("r", 4)], metrics,  # type: ignore[arg-type]
+                                     "group g")
     assert gone == {("r", 0): 6, ("r", 4): 7}
+    # Committed past, so that the next assignment does not tell the same loss again.
+    assert group.commits == [{("r", 0): 10, ("r", 4): 7}]
     assert metrics.value("redrive_lost_offsets_total", topic="r") == 13
     assert [message.split(", which")[0] for message in caplog.messages] == [
         "group g: r[0] no longer holds offsets 4 to 9",
@@ -113,3 +124,13 @@ def test_a_broker_that_does_not_answer_leaves_the_check_undone_without_raising(
     assert caplog.messages == ["group g: could not check 1 partition(s) for records deleted "
                                "before they were read: KafkaError{code=_TIMED_OUT,val=-185,"
                                "str=\"timed out\"}"]
+
+
+def test_a_commit_past_the_gap_that_fails_is_logged_and_the_loss_still_told(
+        caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics("consumer", "g")
+    group = FakeGroupConsumer({}, {("r", 0): 5}, refuse_commits=True)
+    with caplog.at_level(logging.WARNING, logger="redrive.retention"):
+        gone = retention.report_gone(group, [("r", 0)], metrics, "group g")  # type: ignore[arg-type]
+    assert gone == {("r", 0): 5} and metrics.total("redrive_lost_offsets_total") == 5
+    assert caplog.messages[-1].startswith("group g: could not commit past the deleted offsets")
