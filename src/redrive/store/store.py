@@ -46,9 +46,9 @@ from redrive.store.rows import (
 from redrive.store.schema import ACTIVE, DEAD, FINAL, IN_FLIGHT, PARKED, PENDING, retries
 
 FIRST_ANALYZE_ROWS = 1_000
+LAST_ANALYZE_ROWS = 1_000_000
 # Tries of a writing transaction that PostgreSQL aborts to break a deadlock.
 DEADLOCK_TRIES = 3
-LAST_ANALYZE_ROWS = 1_000_000
 
 
 class UnknownRetry(RedriveError, LookupError):
