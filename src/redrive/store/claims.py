@@ -26,6 +26,11 @@ class DueBatch:
     """
 
     rows: list[StoredRetry]
+    # When the rows were claimed, their `updated_ms`: the claim's token. A claimer that stalled
+    # past `claim_ms` may find its rows reclaimed and claimed again by another scheduler; its
+    # marks then change nothing (a claim is always at least `claim_ms` later than the one it
+    # takes over, so the two never share a time).
+    claimed_ms: int
     # Claimed rows whose headers cannot be read: the claimer marks them dead.
     corrupt: list[CorruptRow] = field(default_factory=list)
     dispatched: list[int] = field(default_factory=list)
@@ -77,14 +82,14 @@ class Unnotified:
         self.done.append(retry_id)
 
 
-def due_batch(taken: Iterable[Row[tuple[object, ...]]]) -> DueBatch:
+def due_batch(taken: Iterable[Row[tuple[object, ...]]], claimed_ms: int) -> DueBatch:
     rows, corrupt = [], []
     for row in taken:
         try:
             rows.append(StoredRetry.of(row))
         except CorruptRow as exc:
             corrupt.append(exc)
-    return DueBatch(rows, corrupt)
+    return DueBatch(rows, claimed_ms, corrupt)
 
 
 def claim_due(conn: Connection, limit: int, at: int) -> list[Row[tuple[object, ...]]]:
@@ -105,32 +110,32 @@ _DUE_ORDER = itemgetter(*row_positions("due_ms", "id"))
 
 
 def settle(conn: Connection, batch: DueBatch) -> None:
-    """Write what the claimer marked, and hand back the rows it did not."""
+    """Write what the claimer marked, and hand back the rows it did not, of those still under
+    its claim."""
     c, dialect = retries.c, conn.dialect.name
+    claimed = and_(c.status == IN_FLIGHT, c.dispatched_ms.is_(None),
+                   c.updated_ms == batch.claimed_ms)
     if batch.dispatched:
         # A copy may already have been handled: a row that succeeded or died keeps that and
         # only learns when it was dispatched; one that failed again waits, pending, for its
         # next claim, which is left to mark it.
         conn.execute(update(retries).where(
-            one_of(c.id, batch.dispatched, dialect), c.dispatched_ms.is_(None),
-            c.status.in_((IN_FLIGHT, SUCCEEDED, DEAD))).values(
-                dispatched_ms=batch.dispatched_ms, dispatches=c.dispatches + 1))
+            one_of(c.id, batch.dispatched, dialect),
+            or_(claimed, and_(c.dispatched_ms.is_(None), c.status.in_((SUCCEEDED, DEAD)))))
+            .values(dispatched_ms=batch.dispatched_ms, dispatches=c.dispatches + 1))
     for rows, reason, why, at in batch.dead:
         conn.execute(update(retries).where(
-            one_of(c.id, [r.id for r in rows], dialect), c.status == IN_FLIGHT,
-            c.dispatched_ms.is_(None)).values(
+            one_of(c.id, [r.id for r in rows], dialect), claimed).values(
                 status=DEAD, reason=reason, error_type="redrive.store." + reason,
                 error_message=why, updated_ms=at))
         release_keys(conn, [(r.group, r.topic, r.key) for r in rows], at)
     for retry_id, due_ms in batch.held:
-        conn.execute(update(retries).where(
-            c.id == retry_id, c.status == IN_FLIGHT, c.dispatched_ms.is_(None)).values(
-                status=PENDING, due_ms=due_ms))
+        conn.execute(update(retries).where(c.id == retry_id, claimed).values(
+            status=PENDING, due_ms=due_ms))
     if batch.unsettled:
         # Back to pending, unless a copy of theirs was handled meanwhile.
-        conn.execute(update(retries).where(
-            one_of(c.id, batch.unsettled, dialect), c.status == IN_FLIGHT,
-            c.dispatched_ms.is_(None)).values(status=PENDING))
+        conn.execute(update(retries).where(one_of(c.id, batch.unsettled, dialect), claimed)
+                     .values(status=PENDING))
 
 
 def reclaim_expired(conn: Connection, lease_ms: int, claim_ms: int, at: int) -> int:

@@ -212,7 +212,7 @@ class RetryStore:
                 claims.settle(conn, settling)
             taken = claims.claim_due(conn, limit, at)
         # Decoded once the lock is released.
-        batch = claims.due_batch(taken)
+        batch = claims.due_batch(taken, at)
         try:
             yield batch
         except BaseException:

@@ -114,3 +114,31 @@ def test_a_lease_that_is_not_a_positive_number_of_seconds_is_refused(
         store: RetryStore, bootstrap: str, lease_s: object) -> None:
     with pytest.raises(InvalidArgument, match="lease_s"):
         scheduler(store, bootstrap, lease_s=lease_s)
+
+
+def test_a_claim_taken_over_after_it_ran_out_is_left_alone_by_its_first_claimer(
+        store: RetryStore) -> None:
+    """A scheduler that stalls past its claim (a long pause, a stopped VM) and then settles
+    must not touch rows another scheduler claimed since: it handed them back, held or killed
+    them under the other's feet, and a row the other had published was published again."""
+    t = now_ms()
+    store.write([entry("g", "t", o, due_ms=t - 10) for o in range(4)], [])
+    with store.take_due(10, at_ms=t) as stale:
+        stale.defer()
+    assert store.reclaim_expired(60_000, claim_ms=1_000, at_ms=t + 1_000) == 4
+    with store.take_due(10, at_ms=t + 1_001) as fresh:
+        fresh.defer()
+    assert len(fresh.rows) == 4
+    first, second, third, _unmarked = stale.rows
+    stale.mark_dead([first], "expired", "the record is no longer in Kafka", t + 1_002)
+    stale.mark_held(second.id, t + 60_000)
+    stale.mark_in_flight([third.id], t + 1_002)
+    # The fourth is left unmarked: a settle would hand it back.
+    store.settle(stale)
+    assert {r.offset: (r.status, r.dispatched_ms) for r in store.find()} == {
+        o: (IN_FLIGHT, None) for o in range(4)}
+
+    fresh.mark_in_flight([r.id for r in fresh.rows], t + 1_003)
+    store.settle(fresh)
+    assert {r.offset: (r.status, r.dispatched_ms, r.dispatches) for r in store.find()} == {
+        o: (IN_FLIGHT, t + 1_003, 1) for o in range(4)}
