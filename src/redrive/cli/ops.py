@@ -221,7 +221,8 @@ def dlt_replay(bootstrap: str, timeout_s: float, topic: str | None, group: str |
     redrive.replays.
 
     The first retry topic is planned from the group's policy if given (as in `topics plan`),
-    else found on the cluster.
+    else found on the cluster. Exits with status 1 when a selected record was (or, with
+    --dry-run, would be) skipped, so that a script notices what it must look at.
     """
     name = _dlt_topic(topic, group, dlt_topic)
     selection = _filter(**filters)
@@ -238,6 +239,8 @@ def dlt_replay(bootstrap: str, timeout_s: float, topic: str | None, group: str |
                         rate=rate, actor=actor, again=again, progress=bar.advance,
                         timeout_s=timeout_s)
     _print_report(report, name)
+    if report.skipped:
+        sys.exit(1)
 
 
 class _LazyBar:

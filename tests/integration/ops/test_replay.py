@@ -131,6 +131,11 @@ def test_replay_to_the_original_topic_keeps_attempts_and_skips_what_it_cannot(
                     metrics=metrics, progress=lambda n, total: progress.append((n, total)))
     assert report.selected == 3 and len(report.replayed) == 2 and not report.already
     assert [s.why.split(":")[0] for s in report.skipped] == ["unreadable headers"]
+    checked = run_cli("dlt", "replay", "-b", bootstrap, "--dlt-topic", dlt, "--to", "original",
+                      "--key", "k9", "--dry-run")
+    assert checked.exit_code == 1, checked.output  # a script learns that one was skipped
+    assert "would replay 0 of 1 selected record(s)" in checked.output
+    assert "1 skipped" in checked.output
     assert sum(n for n, _ in progress) == 3 and {total for _, total in progress} == {3}
     assert metrics.value("redrive_replayed_total", topic=topic) == 2
     assert {r.destination[0] for r in report.replayed} == {topic}
