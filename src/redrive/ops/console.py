@@ -4,6 +4,7 @@ by cause, replays and store actions, each checked against the console's token.""
 
 from __future__ import annotations
 
+import heapq
 import hmac
 import json
 import re
@@ -103,7 +104,7 @@ class View:
     """A page of a dead-letter topic's records that a filter selects, newest first.
 
     The topic is read from its end backwards, in growing steps, only until the page is filled
-    (and no unread record can be newer than the page's last), unless `everything` was asked: so
+    (and no unread record can come before the page's last), unless `everything` was asked: so
     a first page of a large topic comes at once. `matched` and `groups` then count the part read
     (`read` records of `size`); `complete` says whether that was the whole topic.
     """
@@ -306,40 +307,37 @@ class Console:
         wanted = page * PAGE_SIZE
         ends = {partition: high for partition, (_, high) in marks.items()}
         step = max(FIRST_STEP, wanted)
-        found: list[DeadLetterRecord] = []
-        boundary: dict[int, int] = {}  # partition -> timestamp of its oldest record read
+        # Each partition's records read so far, from its end back; those the filter leaves out
+        # are kept by timestamp only, as the merge still steps past them.
+        streams: dict[int, list[_Read]] = {partition: [] for partition in marks}
         read = 0
+        ordered: list[DeadLetterRecord] | None = None
         while True:
             window = {partition: (max(marks[partition][0], end - step), end)
                       for partition, end in ends.items() if end > marks[partition][0]}
             if not window:
                 break
-            oldest: dict[int, tuple[int, int]] = {}  # partition -> (offset, timestamp)
+            fetched: dict[int, list[_Read]] = {partition: [] for partition in window}
             for letter in reader.ranges(window):
                 record = letter.record
-                seen = oldest.get(record.partition)
-                if seen is None or record.offset < seen[0]:
-                    oldest[record.partition] = (record.offset, record.timestamp_ms)
-                if matches(letter):
-                    found.append(letter)
+                fetched[record.partition].append(
+                    (record.timestamp_ms, record.offset, letter if matches(letter) else None))
             for partition, (start, end) in window.items():
                 read += end - start
                 ends[partition] = start
-                if partition in oldest:
-                    # Nothing unread of the partition is newer than its oldest record read.
-                    boundary[partition] = oldest[partition][1]
+                streams[partition].extend(sorted(fetched[partition], key=_offset, reverse=True))
             if everything:
                 continue
-            found.sort(key=_newest_first)
-            if len(found) >= wanted:
-                last = found[wanted - 1].record.timestamp_ms
-                if all(partition in boundary and boundary[partition] <= last
-                       for partition, end in ends.items() if end > marks[partition][0]):
-                    break
+            unread = {partition for partition, end in ends.items() if end > marks[partition][0]}
+            ordered = _newest_first(streams, unread, wanted)
+            if ordered is not None:
+                break
             step *= 4
-        found.sort(key=_newest_first)
-        start = wanted - PAGE_SIZE
-        return View(found[start:wanted], len(found), groups_of(found), read, size)
+        if ordered is None:  # the whole topic was read: nothing is left unread to wait for
+            ordered = _newest_first(streams, set(), None if everything else wanted) or []
+        found = [letter for stream in streams.values() for _, _, letter in stream
+                 if letter is not None]
+        return View(ordered[wanted - PAGE_SIZE:wanted], len(found), groups_of(found), read, size)
 
     def one(self, dlt: str, partition: int, offset: int) -> DeadLetterRecord:
         return Reader(self.connection, dlt, self.timeout_s).one(partition, offset)
@@ -392,9 +390,42 @@ class Console:
         return found[0]
 
 
-def _newest_first(letter: DeadLetterRecord) -> tuple[int, int, int]:
-    record = letter.record
-    return (-record.timestamp_ms, record.partition, -record.offset)
+# A record read: its timestamp, its offset and, when the filter selects it, the record.
+_Read = tuple[int, int, "DeadLetterRecord | None"]
+
+
+def _offset(read: _Read) -> int:
+    return read[1]
+
+
+def _newest_first(streams: dict[int, list[_Read]], unread: set[int],
+                  wanted: int | None) -> list[DeadLetterRecord] | None:
+    """The selected records, newest first: the partitions merged, each taken in its log order
+    from its end back, the partition whose next record is newest going first. A record's
+    timestamp is its producer's clock and may go back within a partition; in log order every
+    page agrees with the others however far the topic was read. None when a partition with
+    records left `unread` could come before the `wanted`-th (its next record is not read yet).
+    """
+    if any(not streams[partition] for partition in unread):
+        return None
+    heads = [(-stream[0][0], partition, -stream[0][1], 0)
+             for partition, stream in streams.items() if stream]
+    heapq.heapify(heads)
+    ordered: list[DeadLetterRecord] = []
+    while heads:
+        _, partition, _, index = heapq.heappop(heads)
+        stream = streams[partition]
+        letter = stream[index][2]
+        if letter is not None:
+            ordered.append(letter)
+            if wanted is not None and len(ordered) >= wanted:
+                return ordered
+        if index + 1 < len(stream):
+            timestamp, offset, _ = stream[index + 1]
+            heapq.heappush(heads, (-timestamp, partition, -offset, index + 1))
+        elif partition in unread:
+            return None
+    return ordered
 
 
 def _contains(letter: DeadLetterRecord, needle: str | None) -> bool:

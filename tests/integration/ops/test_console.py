@@ -207,6 +207,37 @@ def test_a_large_topic_is_read_from_its_end_only_as_far_as_the_page_needs(
     assert "At least" in page.text and 'id="read-all"' in page.text
 
 
+def test_pages_keep_each_partitions_log_order_when_timestamps_go_backwards(
+        bootstrap: str, new_topic: NewTopic) -> None:
+    """A record's timestamp is its producer's clock: a record written earlier may carry a later
+    one. Pages read only the topic's end must agree with pages of the whole topic, so that no
+    record falls between two pages."""
+    dlt = new_topic(partitions=2)
+    at = now_ms()
+    records = [kafka.OutRecord(dlt, b"v-%d-%d" % (p, i), None, (), p, at + 10 * i + p)
+               for p in (0, 1) for i in range(600)]
+    # The first of partition 0, from a producer whose clock ran an hour fast.
+    records[0] = kafka.OutRecord(dlt, b"fast", None, (), 0, at + 3_600_000)
+    kafka.produce_confirmed(kafka.producer(bootstrap), records)
+    web = client(bootstrap)
+
+    def offsets(everything: bool) -> list[tuple[int, int]]:
+        shown = []
+        for page in range(1, 26):
+            found = web.get(f"/api/dead-letters/{dlt}",
+                            params={"page": page, "everything": everything}).json()
+            shown += [(r["partition"], r["offset"]) for r in found["records"]]
+        return shown
+
+    whole = offsets(everything=True)
+    assert offsets(everything=False) == whole
+    assert sorted(whole) == sorted((p, o) for p in (0, 1) for o in range(600))
+    # Newest first across partitions, each from its end back to its start: the fast record
+    # comes where partition 0's log reaches it, not first.
+    assert whole[:3] == [(1, 599), (0, 599), (1, 598)]
+    assert whole[-4:] == [(1, 1), (0, 1), (0, 0), (1, 0)]
+
+
 def test_the_store_page_counts_rows_and_requeues_or_cancels_with_the_token(
         bootstrap: str, tmp_path: Path) -> None:
     store = RetryStore(str(tmp_path / "store.db"))
