@@ -86,6 +86,18 @@ def has_redrive(headers: Sequence[tuple[str, bytes]]) -> bool:
     return any(name.startswith(PREFIX) for name, _ in headers)
 
 
+def readable_group(headers: Sequence[tuple[str, bytes]]) -> str | None:
+    """The group a record names when another of its redrive headers cannot be read: the copy is
+    still that group's alone to dead-letter, not every group's that reads its topic."""
+    raw = last(headers, GROUP)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8") or None
+    except UnicodeDecodeError:
+        return None
+
+
 def text_of(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
     """A header's last value as text; raises MalformedHeader if it is not UTF-8."""
     return _utf8(name, last(headers, name))

@@ -446,12 +446,13 @@ class RetryingConsumer:
                 malformed = exc
         record = new_record(tp[0], tp[1], offset, message.timestamp()[1], message.key(),
                             message.value(), headers, delivery)
-        if malformed is not None:
-            self._route(record, malformed, tp, batch, main, None)
-            return
-        if delivery.group is not None and delivery.group != self.group:
+        owner = delivery.group if malformed is None else h.readable_group(headers)
+        if owner is not None and owner != self.group:
             self.metrics.skipped(main, SKIPPED_OTHER_GROUP)
             batch.finish(tp, offset)
+            return
+        if malformed is not None:
+            self._route(record, malformed, tp, batch, main, None)
             return
         if delivery.due_ms is not None:
             started_ms = now_ms()

@@ -93,7 +93,8 @@ def _fields(pairs: list[tuple[str, bytes]]) -> dict[str, Any]:
     try:
         delivery = h.read_delivery(pairs)
     except MalformedHeader as exc:
-        return {"malformed": str(exc)}
+        # The group still says whose the copy is: the others skip it (see RetryStream.mine).
+        return {"malformed": str(exc), "group": h.readable_group(pairs)}
     origin = delivery.original
     return {
         "attempt": delivery.attempt,

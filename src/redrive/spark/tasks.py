@@ -207,6 +207,9 @@ def admit(row: Mapping[str, Any], group: str,
     try:
         delivery = h.read_delivery(record.headers)
     except MalformedHeader as exc:
+        owner = h.readable_group(record.headers)
+        if owner is not None and owner != group:
+            return record, Outcome(SKIPPED, skip_reason=SKIPPED_OTHER_GROUP)
         return record, Outcome(FAILED, error=ErrorInfo.from_exception(exc))
     record = Record(record.topic, record.partition, record.offset, record.timestamp_ms,
                     record.key, record.value, record.headers, delivery)

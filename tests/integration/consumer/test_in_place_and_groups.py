@@ -90,16 +90,20 @@ def test_records_of_another_group_are_skipped_and_committed(
     produce(bootstrap, topic, [b"theirs"], headers=[(h.GROUP, b"someone-else"),
                                                     (h.ATTEMPT, b"1")])
     produce(bootstrap, topic, [b"ours"], headers=[(h.GROUP, group.encode()), (h.ATTEMPT, b"1")])
+    # Another group's copy with a header no one can read is that group's to dead-letter.
+    produce(bootstrap, topic, [b"theirs-unreadable"], headers=[(h.GROUP, b"someone-else"),
+                                                               (h.ATTEMPT, b"many")])
     run = running(RetryingConsumer(bootstrap, topic, group, RetryPolicy(), seen.add,
                                    config=FAST_GROUP))
     wait_until(lambda: run.total("redrive_processed_total") == 2
-               and run.total("redrive_skipped_total") == 1, 20, "2 processed, 1 skipped")
+               and run.total("redrive_skipped_total") == 2, 20, "2 processed, 2 skipped")
     run.stop()
     assert seen.values() == [b"fresh", b"ours"]
     assert [r.delivery.attempt for r, _ in seen.calls] == [0, 1]
     assert run.consumer.metrics.value("redrive_skipped_total", topic=topic,
-                                      why="other-group") == 1
-    assert committed(bootstrap, group, topic) == {0: 3}
+                                      why="other-group") == 2
+    assert run.total("redrive_dead_lettered_total") == 0
+    assert committed(bootstrap, group, topic) == {0: 4}
 
 
 def test_metrics_endpoint_shows_the_counts(bootstrap: str, new_topic: NewTopic,

@@ -39,6 +39,8 @@ HEADER_CASES: list[list[tuple[str, bytes]]] = [
      (h.ORIGINAL_OFFSET, b"9223372036854775808")],
     [(h.DUE, b"9999999999999999")],
     [(h.FIRST_FAILURE, b"9999999999999999999")],
+    # Unreadable, but whose it is can be read: the other groups skip it.
+    [(h.GROUP, b"billing"), (h.ATTEMPT, b"many")],
     # The largest values each holds.
     [(h.ATTEMPT, b"2147483647"), (h.DUE, b"253402300799999"), (h.ORIGINAL_TOPIC, b"t"),
      (h.ORIGINAL_PARTITION, b"2147483647"), (h.ORIGINAL_OFFSET, b"9223372036854775807"),
@@ -57,7 +59,8 @@ def expected(pairs: list[tuple[str, bytes]]) -> dict[str, Any]:
     try:
         delivery = h.read_delivery(pairs)
     except MalformedHeader as exc:
-        return {**dict.fromkeys(FIELDS), "attempt": 0, "malformed": str(exc)}
+        return {**dict.fromkeys(FIELDS), "attempt": 0, "malformed": str(exc),
+                "group": h.readable_group(pairs)}
     origin = delivery.original
 
     def micros(ms: int | None) -> int | None:
@@ -82,7 +85,8 @@ def test_each_row_decodes_as_read_delivery_reads_its_headers() -> None:
     for pairs, got in zip(HEADER_CASES, rows, strict=True):
         assert got == expected(pairs), pairs
     malformed = [row["malformed"] for row in rows]
-    assert sum(m is not None for m in malformed) == 14
+    assert sum(m is not None for m in malformed) == 15
+    assert rows[-2]["group"] == "billing" and rows[-2]["malformed"] is not None
     assert malformed[16] == ("malformed header redrive-original-partition=b'99999999999': must "
                              "be at most 2147483647")
     assert rows[-1]["due"] == 253_402_300_799_999_000 and rows[-1]["malformed"] is None

@@ -81,10 +81,13 @@ def test_records_of_another_group_are_skipped_and_malformed_ones_fail() -> None:
         seen.append(record["offset"])
         return {"n": 0, "tag": ""}
 
-    rows = run([{"headers": other}, {"headers": broken}, {}], function)
-    assert [r["status"] for r in rows] == ["skipped", "failed", "ok"]
-    assert rows[0]["skip_reason"] == "other-group"
-    assert [r["handler_us"] is not None for r in rows] == [False, False, True]
+    # Another group's copy that no one can read is still that group's to dead-letter.
+    others_broken = [*other, *broken]
+    rows = run([{"headers": other}, {"headers": broken}, {}, {"headers": others_broken}],
+               function)
+    assert [r["status"] for r in rows] == ["skipped", "failed", "ok", "skipped"]
+    assert rows[0]["skip_reason"] == rows[3]["skip_reason"] == "other-group"
+    assert [r["handler_us"] is not None for r in rows] == [False, False, True, False]
     assert rows[1]["error_type"] == "redrive.errors.MalformedHeader"
     assert seen == [2]
 
