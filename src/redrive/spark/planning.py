@@ -108,7 +108,8 @@ def rate_limit(start: Mapping[PartitionKey, int], latest: Mapping[PartitionKey, 
     left = max_rows - sum(granted.values())
     for tp in sorted(shares, key=lambda tp: (granted[tp] - shares[tp], tp))[:left]:
         granted[tp] += 1
-    return {tp: start[tp] + granted[tp] for tp in latest}
+    # An end below its start (a partition restarted at its earliest offset) stays as it is.
+    return {tp: min(latest[tp], start[tp] + granted[tp]) for tp in latest}
 
 
 @dataclass
@@ -260,7 +261,8 @@ class Broker:
                f"[{earliest}, {latest})")
         if self.options.fail_on_data_loss:
             raise DataLoss(tp[0], tp[1], why)
-        log.warning("data loss on %s[%d]: %s", tp[0], tp[1], why)
+        log.warning("data loss on %s[%d]: %s; reading goes on from offset %d, the "
+                    "partition's earliest", tp[0], tp[1], why, earliest)
 
     def group_offsets(self, tps: Sequence[PartitionKey]) -> Offsets:
         """Where redrive.group stands on these partitions (those it committed on)."""

@@ -62,7 +62,8 @@ MAX_RETRY_S = 10.0
 
 def planned_ranges(start: Mapping[PartitionKey, int],
                    end: Mapping[PartitionKey, int]) -> list[KafkaRange]:
-    """One task per partition with records between `start` and `end`."""
+    """One task per partition with records between `start` and `end` (none where the end lies
+    below the start: a partition restarted at its earliest offset)."""
     return [KafkaRange(t, p, start[(t, p)], stop) for (t, p), stop in sorted(end.items())
             if (t, p) in start and stop > start[(t, p)]]
 
@@ -155,8 +156,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                         [tp for tp in tps if tp not in resumed],
                                         "startingOffsets")
             start.update(resumed)
+            if isinstance(self.options.starting, dict) and self.options.fail_on_data_loss:
+                self._check_start(start)
             self._initial = offsets_to_json(start)
         return self._initial
+
+    def _check_start(self, start: Offsets) -> None:
+        """Offsets given per partition lie within it, else the error names the option (with
+        failOnDataLoss=false, planning warns and goes on from the partition's earliest)."""
+        given = [tp for tp in start if tp[0] not in self.options.resume_topics]
+        earliest = self.broker.list_offsets(given, "earliest")
+        latest = self.broker.list_offsets(given, "latest")
+        for tp in sorted(given):
+            if not earliest[tp] <= start[tp] <= latest[tp]:
+                raise SourceOptionError(*_given("startingOffsets", self.options.starting),
+                                        f"partition {tp[0]}[{tp[1]}] holds offsets "
+                                        f"[{earliest[tp]}, {latest[tp]}); {start[tp]} is "
+                                        "outside them (failOnDataLoss=false starts such "
+                                        "partitions at their earliest offset)")
 
     def _resumed(self, tps: Sequence[PartitionKey]) -> Offsets:
         """Where the resumed topics' partitions start: where redrive.group stands, else at
@@ -220,6 +237,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             top = latest[tp]
             if top < offset or offset < earliest[tp]:
                 broker.data_loss(tp, offset, earliest[tp], latest[tp])
+            if top < offset:
+                # The partition was recreated or truncated: holding the old offset would skip
+                # every record it gets below it. An empty batch ending at its earliest offset
+                # makes the next one start there. (Below its earliest, the readers skip the
+                # deleted records and go on from there in this batch.)
+                ceiling[tp] = earliest[tp]
+                continue
             if self._target is not None:
                 # An availableNow run stops where the partitions ended when it was prepared. A
                 # start past that (`latest` resolved later, records written meanwhile) has
