@@ -386,6 +386,15 @@ static char *copy_text(const char *s) {
     return copy;
 }
 
+/* A zero-filled reader would take fd 0 for its connection and close it on dealloc or close(),
+ * whether __init__ failed or never ran: -1 says it has none. */
+static PyObject *FetchReader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    FetchReader *self = (FetchReader *)PyType_GenericNew(type, args, kwargs);
+    if (self != NULL)
+        self->fd = -1;
+    return (PyObject *)self;
+}
+
 static int FetchReader_init(FetchReader *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"bootstrap", "topic", "partition", "start", "end", "include_headers",
                             "read_committed", "poll_timeout_ms", "client_id", NULL};
@@ -405,11 +414,18 @@ static int FetchReader_init(FetchReader *self, PyObject *args, PyObject *kwargs)
                      poll_timeout_ms);
         return -1;
     }
-    if ((self->bootstrap = copy_text(bootstrap)) == NULL ||
-        (self->topic = copy_text(topic)) == NULL ||
-        (self->client_id = copy_text(client_id)) == NULL)
+    /* All three or none: a failed copy left in place would leak on the next __init__. */
+    char *bootstrap_copy = copy_text(bootstrap), *topic_copy = copy_text(topic),
+         *client_id_copy = copy_text(client_id);
+    if (bootstrap_copy == NULL || topic_copy == NULL || client_id_copy == NULL) {
+        PyMem_Free(bootstrap_copy);
+        PyMem_Free(topic_copy);
+        PyMem_Free(client_id_copy);
         return -1;
-    self->fd = -1;
+    }
+    self->bootstrap = bootstrap_copy;
+    self->topic = topic_copy;
+    self->client_id = client_id_copy;
     self->partition = partition;
     self->position = start;
     self->end = end;
@@ -485,7 +501,7 @@ static PyTypeObject FetchReaderType = {
     .tp_doc = "Reads offsets [start, end) of one partition with Kafka's fetch protocol.",
     .tp_basicsize = sizeof(FetchReader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
+    .tp_new = FetchReader_new,
     .tp_init = (initproc)FetchReader_init,
     .tp_dealloc = (destructor)FetchReader_dealloc,
     .tp_methods = FetchReader_methods,

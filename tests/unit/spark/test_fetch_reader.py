@@ -3,7 +3,9 @@ states. (tests/integration/spark/test_range_readers.py reads real brokers with e
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -205,3 +207,22 @@ def test_a_range_past_what_the_partition_holds_fails_naming_the_offset(
                           timeout_ms=300)
     with pytest.raises(ReadError, match=r"stuck at offset 1 for 0\.3s"):
         table(fetch_reader)
+
+
+def test_a_reader_never_initialised_leaves_descriptor_0_alone(tmp_path: Path) -> None:
+    # A reader whose __init__ failed, or never ran, has no connection: closing it must not close
+    # descriptor 0, which by then may be any file or socket the process opened.
+    saved = os.dup(0)
+    try:
+        victim = os.open(tmp_path / "victim", os.O_CREAT | os.O_RDWR)
+        os.dup2(victim, 0)
+        os.close(victim)
+        with pytest.raises(ValueError, match="bad range"):
+            FetchReader("localhost:1", TOPIC, 0, -1, 10, False, False, 1_000)
+        with pytest.raises(TypeError):
+            FetchReader("localhost:1", TOPIC, 0, 0, 10, False, False)  # type: ignore[call-arg]
+        FetchReader.__new__(FetchReader).close()
+        assert os.fstat(0).st_ino == os.stat(tmp_path / "victim").st_ino
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
