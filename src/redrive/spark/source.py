@@ -95,6 +95,17 @@ def explicit(spec: OffsetsSpec | None) -> bool:
     return isinstance(spec, (dict, ByTimestamp))
 
 
+def resumed_starts(broker: Broker, tps: Sequence[PartitionKey]) -> Offsets:
+    """Where the resumed topics' partitions start: where redrive.group stands, else at their
+    earliest offset. They hold the group's own unfinished retry copies, which a new checkpoint
+    started at latest would skip, and one at earliest would handle again."""
+    resumed = [tp for tp in tps if tp[0] in broker.options.resume_topics]
+    if not resumed:
+        return {}
+    return broker.resume_points(resumed, broker.list_offsets(resumed, "earliest"),
+                                broker.list_offsets(resumed, "latest"))
+
+
 def _given(name: str, spec: OffsetsSpec | None) -> tuple[str, object]:
     """An offsets option as the user named and wrote it: JSON for offsets per partition."""
     if isinstance(spec, ByTimestamp):
@@ -176,14 +187,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                         "partitions at their earliest offset)")
 
     def _resumed(self, tps: Sequence[PartitionKey]) -> Offsets:
-        """Where the resumed topics' partitions start: where redrive.group stands, else at
-        their earliest offset. They hold the group's own unfinished retry copies, which a new
-        checkpoint started at latest would skip, and one at earliest would handle again."""
-        resumed = [tp for tp in tps if tp[0] in self.options.resume_topics]
-        if not resumed:
-            return {}
-        return self.broker.resume_points(resumed, self.broker.list_offsets(resumed, "earliest"),
-                                         self.broker.list_offsets(resumed, "latest"))
+        return resumed_starts(self.broker, tps)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is None:
@@ -317,7 +321,11 @@ class KafkaBatchReader(DataSourceReader):
         broker = Broker(self.options)
         try:
             tps = broker.partitions(require_all=True)
-            start = broker.resolve(self.options.starting or "earliest", tps, "startingOffsets")
+            # As in a stream: startingOffsets (or its timestamp forms) name the other topics.
+            resumed = resumed_starts(broker, tps)
+            start = broker.resolve(self.options.starting or "earliest",
+                                   [tp for tp in tps if tp not in resumed], "startingOffsets")
+            start.update(resumed)
             end = broker.resolve(self.options.ending or "latest", tps, "endingOffsets")
             if explicit(self.options.starting) or explicit(self.options.ending):
                 check_bounds(start, end, broker.list_offsets(tps, "latest"), self.options)
