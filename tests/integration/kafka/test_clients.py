@@ -12,6 +12,7 @@ from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 from redrive import kafka
 from redrive.dev.ports import free_port
 from redrive.errors import BrokerUnavailable, DeliveryFailed, UnknownTopic
+from redrive.kafka.admin import waiting_past
 
 pytestmark = pytest.mark.integration
 
@@ -125,6 +126,23 @@ def test_delete_topics_waits_until_they_are_gone(bootstrap: str,
     counts = kafka.topic_partitions(admin)
     assert [name in counts for name in [*doomed, kept]] == [False, False, True]
     kafka.delete_topics(admin, [])  # nothing to do is no request
+
+
+def test_waiting_past_counts_no_partition_below_zero(bootstrap: str,
+                                                    unique_name: Callable[..., str]) -> None:
+    # A commit past a partition's end (the topic was recreated) must not cancel the records
+    # that wait in another partition: a former retry topic that holds copies would be dropped.
+    admin = kafka.admin(bootstrap)
+    topic, group = unique_name(), unique_name("group")
+    kafka.create_topics(admin, {topic: 2})
+    kafka.produce_confirmed(kafka.producer(bootstrap),
+                            [kafka.OutRecord(topic, b"copy", partition=1) for _ in range(5)])
+    committer = kafka.consumer(bootstrap, group)
+    try:
+        committer.commit(offsets=[TopicPartition(topic, 0, 100)], asynchronous=False)
+    finally:
+        committer.close()
+    assert waiting_past(bootstrap, group, [topic], {topic: 2}) == {topic: 5}
 
 
 def test_partition_count_of_a_missing_topic_names_it(bootstrap: str,
