@@ -37,6 +37,8 @@ from redrive.spark.columns import REDRIVE_COLUMN, REDRIVE_TYPE
 
 EARLIEST = -2  # in startingOffsets/endingOffsets JSON, as in Spark
 LATEST = -1
+# Kafka's offsets and timestamps are signed 64-bit: a larger value cannot reach the broker.
+MAX_LONG = 2**63 - 1
 NATIVE_MISSING = ("the native reader (redrive.spark._rangeread) is not built: install "
                   "librdkafka's development files (Debian: librdkafka-dev), then reinstall "
                   "redrive")
@@ -169,6 +171,8 @@ def _timestamps(options: Mapping[str, str], one: str, each: str, topics: Sequenc
         if not _digits(text):
             raise SourceOptionError(one, raw, "expected a timestamp in milliseconds since the "
                                     "epoch, such as 1764236400000")
+        if int(text) > MAX_LONG:
+            raise SourceOptionError(one, raw, f"a timestamp is at most {MAX_LONG}")
         return ByTimestamp(one, text, int(text), none_found)
     raw = options.get(each.lower())
     if raw is None:
@@ -186,12 +190,16 @@ def _digits(text: str) -> bool:
 def _check_timestamp(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return "must be a timestamp in milliseconds since the epoch"
+    if value > MAX_LONG:
+        return f"is past the largest timestamp, {MAX_LONG}"
     return None
 
 
 def _check_offset(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < EARLIEST:
         return "must be an offset, -2 (earliest) or -1 (latest)"
+    if value > MAX_LONG:
+        return f"is past the largest offset, {MAX_LONG}"
     return None
 
 

@@ -1,5 +1,5 @@
 """The source's options that are checked without a session: a start given per partition for a
-topic that redrive.resumeTopics starts where the group stands."""
+topic that redrive.resumeTopics starts where the group stands, offsets and times past 64 bits."""
 
 from __future__ import annotations
 
@@ -27,3 +27,29 @@ def test_a_start_for_the_other_topics_only_is_taken() -> None:
     parsed = SourceOptions.parse({**BASE, "startingOffsets": '{"orders": {"0": 3}}'})
     assert parsed.starting == {("orders", 0): 3}
     assert parsed.resume_topics == ("orders.g.retry.5s",)
+
+
+HUGE = 2**63  # one past the largest offset or timestamp Kafka holds
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("startingTimestamp", str(HUGE)),
+    ("endingTimestamp", str(HUGE)),
+    ("startingOffsetsByTimestamp", f'{{"orders": {{"0": {HUGE}}}}}'),
+    ("endingOffsetsByTimestamp", f'{{"orders": {{"0": {HUGE}}}}}'),
+    ("startingOffsets", f'{{"orders": {{"0": {HUGE}}}}}'),
+    ("endingOffsets", f'{{"orders": {{"0": {HUGE}}}}}'),
+])
+def test_values_past_64_bits_are_refused_naming_the_option(option: str, value: str) -> None:
+    # Planning failed with a bare OverflowError (times) or reported data loss (offsets).
+    with pytest.raises(SourceOptionError, match=rf"option {option}=.*{HUGE}") as refused:
+        SourceOptions.parse({"kafka.bootstrap.servers": "x:1", "subscribe": "orders",
+                             option: value})
+    assert refused.value.option == option
+
+
+def test_the_largest_64_bit_values_are_taken() -> None:
+    parsed = SourceOptions.parse({"kafka.bootstrap.servers": "x:1", "subscribe": "orders",
+                                  "startingTimestamp": str(HUGE - 1),
+                                  "endingOffsets": f'{{"orders": {{"0": {HUGE - 1}}}}}'})
+    assert parsed.ending == {("orders", 0): HUGE - 1}
