@@ -163,7 +163,15 @@ PIPELINE_LEDGER_PREFIX = "redrive.pipeline."
 
 def pipeline_ledger_name(group: str) -> str:
     """A Spark pipeline's batch ledger: one partition, shared by all the group's main topics."""
-    return PIPELINE_LEDGER_PREFIX + group
+    check_name("group", group)
+    name = PIPELINE_LEDGER_PREFIX + group
+    # The prefix is longer than what retry and dead-letter names add, so a group that passes
+    # plan() can still give a ledger name the broker refuses.
+    if len(name) > MAX_TOPIC_LENGTH:
+        raise InvalidArgument("group", group, f"the Spark batch ledger topic "
+                              f"{PIPELINE_LEDGER_PREFIX}<group> would be {len(name)} characters, "
+                              f"longer than {MAX_TOPIC_LENGTH}")
+    return name
 
 
 @functools.lru_cache(maxsize=1024)

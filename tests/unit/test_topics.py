@@ -60,6 +60,19 @@ def test_illegal_names_are_rejected(topic: str, group: str, field: str) -> None:
     assert caught.value.field == field
 
 
+def test_a_group_too_long_for_the_spark_batch_ledger_is_refused_naming_it() -> None:
+    group = "g" * 233  # plan() takes it with a short topic: its names stay within 249
+    names = topics.plan(RetryPolicy(), "o", group).created_topics
+    assert max(map(len, names)) <= 249
+    with pytest.raises(InvalidArgument, match=r"batch ledger topic .* 250 characters") as caught:
+        topics.pipeline_ledger_name(group)
+    assert caught.value.field == "group"
+    assert caught.value.value == group
+    assert topics.pipeline_ledger_name("g" * 232) == "redrive.pipeline." + "g" * 232
+    with pytest.raises(InvalidArgument, match="group"):
+        topics.pipeline_ledger_name("bad group")
+
+
 def test_partition_kept_only_when_retry_topic_has_it() -> None:
     assert topics.partition_for(3, 4) == 3
     assert topics.partition_for(3, 3) is None

@@ -130,6 +130,7 @@ class RetryPipeline:
         self.connection = connection
         self.main_topics = self.subscription.main_topics
         self.group = self.subscription.group
+        ledger.ledger_topic(self.group)  # a group too long for it is refused before anything runs
         self.policy = policy
         self.plans = self.subscription.plans
         self.remote = is_remote(spark)

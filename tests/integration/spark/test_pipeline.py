@@ -275,6 +275,10 @@ def test_bad_arguments_fail_before_starting(spark: Any, bootstrap: str) -> None:
     with pytest.raises(InvalidArgument, match="group"):
         RetryPipeline(spark, bootstrap, "orders", "bad group", POLICY, function=handle,
                       output_schema=OUTPUT, sink="out", checkpoint="cp")
+    # Its retry and dead-letter topics' names are legal; its batch ledger's is too long.
+    with pytest.raises(InvalidArgument, match=r"invalid group='g{233}': the Spark batch ledger"):
+        RetryPipeline(spark, bootstrap, "o", "g" * 233, POLICY, function=handle,
+                      output_schema=OUTPUT, sink="out", checkpoint="cp")
 
     async def enrich(record: dict[str, Any]) -> dict[str, Any]:
         return record
