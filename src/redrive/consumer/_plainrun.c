@@ -275,7 +275,14 @@ static PyObject *handle_plain(PyObject *module, PyObject *const *args, Py_ssize_
     Py_ssize_t index = start, handled = 0;
     PyObject *last = NULL, *failed = NULL, *failure = NULL, *spare = NULL;
     const char *stopping = PyByteArray_AS_STRING(stop);
-    for (; index < count && !stopping[0]; index++) {
+    for (; index < count; index++) {
+        /* The runtime stops on SIGTERM through a Python signal handler, which runs only when
+         * something checks: a C handler runs no bytecode, so the loop checks, as the reference's
+         * own bytecode does. A handler's exception propagates, as from the reference. */
+        if (PyErr_CheckSignals() < 0)
+            goto error;
+        if (stopping[0])
+            break;
         PyObject *message = items[index];
         int plain = method_is_none(message, M_ERROR);
         if (plain > 0)

@@ -4,8 +4,11 @@ the same messages."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import gc
+import signal
 import sys
 import traceback
 import warnings
@@ -187,6 +190,41 @@ def test_a_stop_asked_by_the_handler_ends_the_run_after_its_record(run: HandlePl
         (3, 3, 2, 97, None, None)
     assert run(messages, 3, "orders", 0, handler, 100, 100, [], stop)[:3] == (3, 0, -1)
     assert len(seen) == 3
+
+
+class Signalling(Message):  # type: ignore[misc]
+    """A message whose key() raises SIGUSR1 through libc, as a signal arrives while a C handler
+    runs: no bytecode runs and nothing checks for it until the loop does. (os.kill and
+    signal.raise_signal run the Python handler at once themselves.)"""
+
+    key = functools.partial(ctypes.CDLL(None)["raise"], signal.SIGUSR1)
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_a_signal_during_the_run_is_handled_before_the_next_record(run: HandlePlain,
+                                                                   raises: bool) -> None:
+    stop = bytearray(1)
+
+    def on_signal(signum: int, frame: object) -> None:
+        if raises:
+            raise RuntimeError("told to stop")
+        stop[0] = 1  # as signals.stop_on_signals does
+
+    messages = [Signalling(topic="orders", partition=0, offset=0, value=b"v0",
+                           timestamp=(1, 1_700_000_000_000)),
+                *(message(offset) for offset in range(1, 100))]
+    seen: list[Record] = []
+    previous = signal.signal(signal.SIGUSR1, on_signal)
+    try:
+        if raises:
+            with pytest.raises(RuntimeError, match="told to stop"):
+                run(messages, 0, "orders", 0, seen.append, 1_000, 1_000, [], stop)
+            assert len(seen) <= 1
+        else:
+            assert run(messages, 0, "orders", 0, seen.append, 1_000, 1_000, [], stop) == \
+                (1, 1, 0, 999, None, None)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def test_messages_of_other_types_are_read_through_their_methods(run: HandlePlain) -> None:
