@@ -101,6 +101,19 @@ def test_topics_create_command(bootstrap: str, new_topic: Any, unique_name: Any)
             "the 10s a record waits there") in refused.output
 
 
+def test_topics_create_refuses_a_compacted_dead_letter_topic(bootstrap: str, new_topic: Any,
+                                                            unique_name: Any) -> None:
+    source = new_topic(partitions=2)
+    group = unique_name("compacted")
+    new_topic(name=f"{source}.{group}.dlt", partitions=2, config={"cleanup.policy": "compact"})
+    result = CliRunner().invoke(cli, ["topics", "create", "--topic", source, "--group", group,
+                                      "--backoff", "1s", "--bootstrap", bootstrap])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("created") == 1  # retry.1s: the rest is made
+    assert (f"dead-letter topic '{source}.{group}.dlt' has cleanup.policy=compact"
+            in result.output)
+
+
 def test_a_routed_retry_copy_as_kcat_sees_it(bootstrap: str, new_topic: Any,
                                               unique_name: Any) -> None:
     source = new_topic(partitions=2)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
+from confluent_kafka.admin import AdminClient
 
 from redrive import kafka, retention, topics
 from redrive.backends.delay_queue import own_topics
@@ -95,4 +97,22 @@ def topics_create(topic: str, group: str, bootstrap: str, partitions: int | None
     click.echo(table(["topic", "status"], rows))
     for mismatch in report.mismatched:
         click.echo(f"warning: {mismatch}", err=True)
+    compacted = _compacted_dead_letters(admin, plan)
     retention.check(admin, plan.waits)
+    if compacted:
+        sys.exit(2)
+
+
+def _compacted_dead_letters(admin: AdminClient, plan: topics.TopicPlan) -> bool:
+    """Report a dead-letter topic that compacts: of two dead letters with one key, compaction
+    would keep only the later one, and nothing would tell the first was lost."""
+    if not plan.dead_letter:
+        return False
+    kept = kafka.keeping(admin, [plan.dead_letter]).get(plan.dead_letter)
+    if kept is None or not kept.compacts:
+        return False
+    click.echo(f"error: dead-letter topic {plan.dead_letter!r} has cleanup.policy=compact: "
+               "compaction keeps only the last record of each key, so a dead letter would be "
+               "removed once a later one with its key arrives. Set cleanup.policy=delete on "
+               f"{plan.dead_letter!r}", err=True)
+    return True
