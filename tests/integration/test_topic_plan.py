@@ -114,6 +114,24 @@ def test_topics_create_refuses_a_compacted_dead_letter_topic(bootstrap: str, new
             in result.output)
 
 
+def test_topics_create_with_a_replication_factor_the_cluster_cannot_have(
+        bootstrap: str, new_topic: Any, unique_name: Any) -> None:
+    source = new_topic(partitions=1)
+    group = unique_name("replicas")
+    arguments = ["topics", "create", "--topic", source, "--group", group, "--backoff", "1s",
+                 "--bootstrap", bootstrap, "--replication-factor"]
+    zero = CliRunner().invoke(cli, [*arguments, "0"])
+    assert zero.exit_code == 2
+    assert "--replication-factor" in zero.output and "at least 1" in zero.output
+    assert zero.exception is None or isinstance(zero.exception, SystemExit)
+    # More replicas than the one broker: the broker refuses, and the error names the topic.
+    many = CliRunner().invoke(cli, [*arguments, "5"])
+    assert many.exit_code == 2, many.output
+    assert isinstance(many.exception, SystemExit)
+    assert f"error: creating topic '{source}.{group}." in many.output
+    assert source + "." + group not in str(kafka.topic_partitions(kafka.admin(bootstrap)))
+
+
 def test_a_routed_retry_copy_as_kcat_sees_it(bootstrap: str, new_topic: Any,
                                               unique_name: Any) -> None:
     source = new_topic(partitions=2)

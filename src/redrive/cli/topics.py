@@ -75,14 +75,21 @@ def topics_plan(topic: str, group: str, spark: bool, delay_tiers: str | None,
         click.echo(f"retries wait {delays} in the tiers, then return to {topic}")
 
 
+def _replication_factor(value: int) -> int:
+    if value == 0:  # IntRange(min=-1) lets it through; the broker would refuse every topic
+        raise click.BadParameter("must be -1 (the broker's default) or at least 1")
+    return value
+
+
 @topics_group.command("create")
 @_topic_and_group
 @policy_options
 @bootstrap_option
 @click.option("--partitions", type=int, default=None,
               help="Partitions of new topics (default: as many as the main topic).")
-@click.option("--replication-factor", type=int, default=-1,
-              help="Replication factor of new topics (default: the broker's).")
+@click.option("--replication-factor", type=click.IntRange(min=-1), default=-1,
+              callback=lambda _ctx, _param, value: _replication_factor(value),
+              help="Replication factor of new topics: -1 (the broker's default) or at least 1.")
 def topics_create(topic: str, group: str, bootstrap: str, partitions: int | None,
                   replication_factor: int, **policy_args: Any) -> None:
     """Create the plan's missing topics and report those whose partitions are too few; fail

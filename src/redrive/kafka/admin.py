@@ -13,7 +13,7 @@ from confluent_kafka.admin._config import ConfigResource, ConfigSource
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
-from redrive.errors import BrokerUnavailable, UnknownTopic
+from redrive.errors import BrokerUnavailable, RedriveError, UnknownTopic
 from redrive.kafka.causes import drop_stack
 from redrive.kafka.config import Admin, Connection, admin, consumer
 from redrive.kafka.records import PartitionKey
@@ -62,8 +62,23 @@ def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
             if code in _UNANSWERED:  # librdkafka's own timeout may come first
                 raise BrokerUnavailable(_bootstrap(admin_), f"creating topic {name!r} got no "
                                         f"answer in {timeout_s:g} s ({error})") from exc
-            raise
+            raise TopicNotCreated(name, error) from exc
     return created
+
+
+class TopicNotCreated(RedriveError, KafkaException):
+    """The broker refused to create a topic (a replication factor above the brokers' count, an
+    illegal name...). A KafkaException still, with the broker's error as args[0], for callers
+    that handle those; a RedriveError, so the command prints it as one line naming the topic."""
+
+    def __init__(self, topic: str, error: object) -> None:
+        super().__init__(error)
+        self.topic = topic
+
+    def __str__(self) -> str:
+        error = self.args[0]
+        why = error.str() if isinstance(error, KafkaError) else str(error)
+        return f"creating topic {self.topic!r} failed: {why}"
 
 
 _UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
