@@ -81,8 +81,10 @@ _POLICY_OPTIONS = (
                  help='Fixed delay ("5s") or a sequence ("5m,5m,30m,30m,30m,1h").'),
     click.option("--exponential", default=None, metavar="INITIAL",
                  help="Exponential backoff starting at INITIAL (e.g. 1s)."),
-    click.option("--multiplier", default=2.0, show_default=True, type=float),
-    click.option("--max-delay", default=None, help="Cap for exponential delays."),
+    click.option("--multiplier", default=None, type=float,
+                 help="Growth of exponential delays, with --exponential.  [default: 2]"),
+    click.option("--max-delay", default=None, help="Cap for exponential delays, with "
+                 "--exponential."),
     click.option("--attempts", type=int, default=None,
                  help="Deliveries in all, the first included (a sequence implies it)."),
     click.option("--naming", type=click.Choice([n.value for n in Naming]),
@@ -96,7 +98,8 @@ def policy_options(function: Decorated) -> Decorated:
     return with_options(_POLICY_OPTIONS)(function)
 
 
-def policy_from_options(*, backoff: str | None, exponential: str | None, multiplier: float,
+def policy_from_options(*, backoff: str | None, exponential: str | None,
+                        multiplier: float | None,
                         max_delay: str | None, attempts: int | None, naming: str,
                         no_dlt: bool) -> RetryPolicy:
     """The policy the options describe: fixed 1s delays unless --backoff or --exponential.
@@ -105,8 +108,14 @@ def policy_from_options(*, backoff: str | None, exponential: str | None, multipl
     """
     if backoff is not None and exponential is not None:
         raise click.UsageError("give either --backoff or --exponential, not both")
+    # Without --exponential they would shape nothing, and the delays would not be those asked.
+    for option, value in (("--max-delay", max_delay), ("--multiplier", multiplier)):
+        if value is not None and exponential is None:
+            raise click.UsageError(f"{option} needs --exponential: it shapes exponential "
+                                   "delays only")
     if exponential is not None:
-        schedule: Backoff = Backoff.exponential(exponential, multiplier, max_delay)
+        schedule: Backoff = Backoff.exponential(
+            exponential, 2.0 if multiplier is None else multiplier, max_delay)
     else:
         schedule = Backoff.parse(backoff or "1s")
     return RetryPolicy(backoff=schedule, attempts=attempts, naming=naming,

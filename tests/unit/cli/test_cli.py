@@ -100,6 +100,24 @@ def test_backoff_and_exponential_together_is_a_usage_error(command: list[str]) -
     assert "give either --backoff or --exponential, not both" in result.stderr
 
 
+@pytest.mark.parametrize("command", [
+    ["topics", "plan", "--topic", "orders", "--group", "billing"],
+    ["stats", *NO_BROKER, "--topic", "orders", "--group", "billing", "--attempts", "3"],
+])
+@pytest.mark.parametrize(("given", "option"), [
+    (["--backoff", "5s", "--max-delay", "1s"], "--max-delay"),
+    (["--multiplier", "9"], "--multiplier"),
+    (["--backoff", "5s", "--multiplier", "2"], "--multiplier"),
+])
+def test_exponential_shapes_without_exponential_are_a_usage_error(
+        command: list[str], given: list[str], option: str) -> None:
+    # They were ignored: a fixed 5s plan was printed for a 1s cap.
+    result = CliRunner().invoke(cli, [*command, *given])
+    assert result.exit_code == 2, result.output
+    assert f"{option} needs --exponential" in result.stderr
+    assert result.stdout == ""
+
+
 def test_replay_to_the_original_takes_no_policy() -> None:
     result = CliRunner().invoke(cli, ["dlt", "replay", *NO_BROKER, "--topic", "orders",
                                       "--group", "billing", "--to", "original",
