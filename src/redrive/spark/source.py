@@ -309,11 +309,11 @@ class KafkaBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         if options.starting == "latest" or (isinstance(options.starting, dict)
                                             and LATEST in options.starting.values()):
-            raise SourceOptionError("startingOffsets", options.starting,
+            raise SourceOptionError(*_given("startingOffsets", options.starting),
                                     "a batch query cannot start at latest")
         if options.ending == "earliest" or (isinstance(options.ending, dict)
                                             and EARLIEST in options.ending.values()):
-            raise SourceOptionError("endingOffsets", options.ending,
+            raise SourceOptionError(*_given("endingOffsets", options.ending),
                                     "a batch query cannot end at earliest")
         self.options = options
 

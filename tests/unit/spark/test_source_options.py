@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from redrive.spark.options import SourceOptionError, SourceOptions
+from redrive.spark.source import KafkaBatchReader
 
 BASE = {"kafka.bootstrap.servers": "x:1", "subscribe": "orders,orders.g.retry.5s",
         "redrive.group": "g", "redrive.resumeTopics": "orders.g.retry.5s"}
@@ -53,3 +54,18 @@ def test_the_largest_64_bit_values_are_taken() -> None:
                                   "startingTimestamp": str(HUGE - 1),
                                   "endingOffsets": f'{{"orders": {{"0": {HUGE - 1}}}}}'})
     assert parsed.ending == {("orders", 0): HUGE - 1}
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("startingOffsets", '{"orders": {"0": -1, "1": 5}}'),
+    ("endingOffsets", '{"orders": {"0": -2, "1": 5}}'),
+    ("startingOffsets", "latest"),
+])
+def test_a_batch_read_from_latest_shows_the_option_as_written(option: str, value: str) -> None:
+    # It showed Python's form: {('orders', 0): -1, ('orders', 1): 5}.
+    options = SourceOptions.parse({"kafka.bootstrap.servers": "x:1", "subscribe": "orders",
+                                   option: value})
+    with pytest.raises(SourceOptionError) as refused:
+        KafkaBatchReader(options)
+    assert refused.value.value == value
+    assert f"option {option}='{value}': a batch query cannot" in str(refused.value)
