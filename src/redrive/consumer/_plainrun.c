@@ -31,6 +31,17 @@ static PyObject *method_strings[METHODS];
  * types (test doubles, subclasses) are called by name. */
 static PyTypeObject *message_type;
 static PyObject *message_methods[METHODS];
+/* inspect.isawaitable, the reference's test of a handler's result. */
+static PyObject *isawaitable;
+
+static int load_isawaitable(void) {
+    PyObject *module = PyImport_ImportModule("inspect");
+    if (module == NULL)
+        return -1;
+    isawaitable = PyObject_GetAttrString(module, "isawaitable");
+    Py_DECREF(module);
+    return isawaitable == NULL ? -1 : 0;
+}
 
 static int load_message_methods(void) {
     for (int i = 0; i < METHODS; i++) {
@@ -190,17 +201,27 @@ static double monotonic_s(void) {
 }
 
 /* A handler that returned an awaitable called an async function without awaiting it: nothing
- * runs it, so its record fails with the TypeError that plain.not_awaited raises. Sets the error;
- * returns 1 if it did, 0 when `result` is not awaitable. */
+ * runs it, so its record fails with the TypeError that plain.not_awaited raises. Returns 1 with
+ * an error set (that TypeError, or what the check or close() raised, as in plain.not_awaited),
+ * 0 when `result` is not awaitable. */
 static int not_awaited(PyObject *result) {
     PyAsyncMethods *async = Py_TYPE(result)->tp_as_async;
-    if (async == NULL || async->am_await == NULL)
-        return 0;
+    if (async == NULL || async->am_await == NULL) {
+        /* Generator-based coroutines and classes registered as collections.abc.Awaitable have
+         * no am_await: the reference's inspect.isawaitable decides those. */
+        PyObject *verdict = PyObject_CallOneArg(isawaitable, result);
+        if (verdict == NULL)
+            return 1;
+        int awaitable = PyObject_IsTrue(verdict);
+        Py_DECREF(verdict);
+        if (awaitable <= 0)
+            return awaitable < 0;
+    }
     if (PyCoro_CheckExact(result)) {
         PyObject *closed = PyObject_CallMethod(result, "close", NULL);
         if (closed == NULL)
-            PyErr_Clear();
-        Py_XDECREF(closed);
+            return 1;
+        Py_DECREF(closed);
     }
     PyErr_Format(PyExc_TypeError, "the handler returned %s, an awaitable, which redrive does not "
                  "await: its record was not handled", _PyType_Name(Py_TYPE(result)));
@@ -356,7 +377,7 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__plainrun(void) {
-    if (load_message_methods() < 0 || load_record_layout() < 0)
+    if (load_message_methods() < 0 || load_record_layout() < 0 || load_isawaitable() < 0)
         return NULL;
     return PyModule_Create(&module_def);
 }

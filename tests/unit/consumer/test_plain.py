@@ -11,8 +11,9 @@ import gc
 import signal
 import sys
 import traceback
+import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 import pytest
@@ -151,6 +152,46 @@ def test_a_handler_returning_an_awaitable_fails_its_record(run: HandlePlain,
     assert (index, handled, last) == (4, 1, 2) and failed is not None and failed.offset == 3
     assert "the handler returned Later, an awaitable" in str(failure)
     assert ran == []
+
+
+@types.coroutine
+def generator_based() -> Generator[None, None, None]:
+    yield
+
+
+class Registered:
+    """Awaitable by registration alone: its type has no __await__."""
+
+
+Awaitable.register(Registered)
+
+
+async def stubborn() -> None:
+    try:
+        await Later()
+    except GeneratorExit:
+        await Later()  # so close() raises RuntimeError
+
+
+def started_stubborn() -> object:
+    coroutine = stubborn()
+    coroutine.send(None)
+    return coroutine
+
+
+@pytest.mark.parametrize(("returned", "failure_type"), [
+    (generator_based, TypeError),
+    (Registered, TypeError),
+    (started_stubborn, RuntimeError),  # what close() raised, as in plain.not_awaited
+])
+def test_what_inspect_calls_awaitable_fails_its_record(
+        run: HandlePlain, returned: Callable[[], object], failure_type: type) -> None:
+    messages = [message(offset) for offset in range(3)]
+    index, handled, last, _, failed, failure = run(
+        messages, 0, "orders", 0, lambda record: returned(), 100, 100, [], bytearray(1))
+    assert (index, handled, last) == (1, 0, -1)
+    assert failed is not None and failed.offset == 0
+    assert type(failure) is failure_type
 
 
 def test_an_exception_that_is_not_an_error_propagates(run: HandlePlain) -> None:
