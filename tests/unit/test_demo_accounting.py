@@ -1,0 +1,129 @@
+"""The demo's per-id accounting (demo/accounting.py) on counted inputs, including the review's
+injections: a duplicate dead letter, a dead letter for an order that succeeded, a validator dead
+letter for a valid order, and a duplicate retry copy still waiting."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+DEMO = Path(__file__).resolve().parents[2] / "demo"
+if str(DEMO) not in sys.path:
+    sys.path.insert(0, str(DEMO))
+
+import accounting  # noqa: E402
+from accounting import Expected, Seen  # noqa: E402
+
+EXHAUSTED = "exhausted (UpstreamUnavailable)"
+PARSE = "not-retryable (ParseError)"
+
+
+def succeeded(attempt: int) -> Seen:
+    return Seen(valid=1, succeeded=[attempt], retry_copies=Counter(range(1, attempt + 1)))
+
+
+def dead() -> Seen:
+    return Seen(valid=1, dead=[EXHAUSTED], retry_copies=Counter({1: 1, 2: 1, 3: 1}))
+
+
+def rules(order_id: int) -> Expected:
+    """A small stand-in for the demo's rules: 1 is rejected, 2 dead-lettered, 3 succeeds after
+    two retries, the rest on their first try."""
+    if order_id == 1:
+        return Expected("rejected", PARSE)
+    if order_id == 2:
+        return Expected("dead", EXHAUSTED, 3)
+    return Expected("succeeded", None, 2 if order_id == 3 else 0)
+
+
+def clean() -> dict[int, Seen]:
+    seen = {1: Seen(rejected=[PARSE]), 2: dead(), 3: succeeded(2)}
+    seen.update({order_id: succeeded(0) for order_id in range(4, 11)})
+    return seen
+
+
+def test_one_outcome_per_id_passes() -> None:
+    result = accounting.tally(clean(), range(1, 11), rules, interrupted=False)
+    assert result.categories == Counter({accounting.OK: 10})
+    assert not result.failed
+
+
+def test_the_reviews_injections_are_each_caught() -> None:
+    seen = clean()
+    seen[2].dead.append(EXHAUSTED)  # the same dead letter twice
+    seen[4].dead.append(EXHAUSTED)  # a dead letter for an order that also succeeded
+    seen[5].rejected.append(PARSE)  # a validator dead letter for a valid, succeeded order
+    result = accounting.tally(seen, range(1, 11), rules, interrupted=False)
+    assert result.categories[accounting.TWICE] == 1
+    assert result.categories[accounting.CONFLICT] == 2
+    assert result.examples == {accounting.TWICE: [2], accounting.CONFLICT: [4, 5]}
+    assert result.failed
+
+
+def test_a_second_row_or_valid_record_is_written_twice() -> None:
+    seen = clean()
+    seen[6].succeeded.append(0)
+    seen[7].valid = 2
+    result = accounting.tally(seen, range(1, 11), rules, interrupted=False)
+    assert result.examples == {accounting.TWICE: [6, 7]}
+
+
+def test_a_duplicate_retry_copy_still_waiting_is_caught() -> None:
+    seen = clean()
+    seen[3].retry_copies[2] += 1  # the review's pending.py: a second retry.2s copy
+    seen[8].retry_copies[1] += 1  # a copy past the try that succeeded
+    result = accounting.tally(seen, range(1, 11), rules, interrupted=False)
+    assert result.examples == {accounting.WAITING: [3, 8]}
+    # An interruption does not excuse it: it can only become a second outcome.
+    assert accounting.tally(seen, range(1, 11), rules, interrupted=True).failed
+
+
+def test_no_outcome_is_lost_or_waiting_unless_the_run_was_interrupted() -> None:
+    seen = clean()
+    del seen[9]  # never left `orders`
+    seen[10] = Seen(valid=1, retry_copies=Counter({1: 1}))  # waiting in retry.1s
+    result = accounting.tally(seen, range(1, 11), rules, interrupted=False)
+    assert result.examples == {accounting.LOST: [9], accounting.WAITING: [10]}
+    interrupted = accounting.tally(seen, range(1, 11), rules, interrupted=True)
+    assert interrupted.examples == {accounting.PENDING: [9, 10]}
+    assert not interrupted.failed
+
+
+def test_outcomes_off_the_rules_are_caught() -> None:
+    seen = clean()
+    seen[4] = dead()  # should have succeeded on its first try
+    seen[3] = succeeded(1)  # should have needed two retries
+    seen[5] = Seen(valid=1, succeeded=[1])  # attempt 1 with no retry copy to carry it
+    seen[12] = succeeded(0)  # never produced
+    result = accounting.tally(seen, range(1, 11), rules, interrupted=False)
+    assert result.examples == {accounting.UNEXPECTED: [3, 4, 5, 12]}
+
+
+def test_an_outcome_without_a_valid_record() -> None:
+    seen = clean()
+    seen[6].valid = 0
+    result = accounting.tally(seen, range(1, 11), None, interrupted=False)
+    assert result.examples == {accounting.NO_INPUT: [6]}
+
+
+def test_handled_before_due_from_the_sink_rows() -> None:
+    rows = [(0, 100, None), (1, 2_000, 2_000), (2, 1_999, 2_000), (1, 5_000, None)]
+    assert accounting.handled_before_due(rows) == 2
+
+
+def test_the_demos_rules_give_the_readme_figures() -> None:
+    import orders
+
+    outcomes: Counter[tuple[str, str | None, int]] = Counter()
+    for order_id in range(1, 20_001):
+        found = orders.expected(order_id)
+        outcomes[found.outcome, found.reason, found.retries] += 1
+    assert outcomes == Counter({
+        ("rejected", "malformed (MalformedHeader)", 0): 13,
+        ("rejected", "not-retryable (ParseError)", 0): 16,
+        ("rejected", "not-retryable (ValidationError)", 0): 20,
+        ("succeeded", None, 0): 16806, ("succeeded", None, 1): 1967,
+        ("succeeded", None, 2): 777, ("succeeded", None, 3): 299,
+        ("dead", "exhausted (UpstreamUnavailable)", 3): 102,
+    })
