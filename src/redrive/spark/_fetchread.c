@@ -141,7 +141,13 @@ static int open_batch(FetchReader *self) {
         return -1;
     const unsigned char *p = self->in + self->in_start;
     int64_t size = 12 + (int64_t)(int32_t)be(p + 8, 4);
-    if (size < BATCH_HEADER || size > self->records_left) {
+    if (size < BATCH_HEADER) {
+        /* Garbled, not cut: skipped, it would come back in every answer until the read fails
+         * as stuck, where another reader may well read on. */
+        stop_with(self, "a malformed record batch");
+        return -1;
+    }
+    if (size > self->records_left) {
         /* The answer's byte limit cut this batch; the next fetch starts at it. If not even one
          * batch fitted, ask for more next time. */
         int64_t rest = self->records_left;

@@ -4,6 +4,7 @@ states. (tests/integration/spark/test_range_readers.py reads real brokers with e
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -52,6 +53,11 @@ def table(fetch_reader: FetchReader, max_rows: int = 1_000) -> pa.Table:
     batches = list(buffers.batches(fetch_reader, TOPIC, 0, schema, max_rows=max_rows,
                                         max_bytes=1 << 30))
     return pa.Table.from_batches(batches, schema=schema)
+
+
+def with_length(data: bytes, length: int) -> bytes:
+    """A record batch with its length field set to `length`."""
+    return data[:8] + struct.pack(">i", length) + data[12:]
 
 
 def values(read: pa.Table) -> list[bytes | None]:
@@ -167,6 +173,11 @@ def test_an_abort_marker_closes_its_producer_however_often_the_answer_names_it(
     (Answer(batch(0, [record(0, b"a")]) + batch(1, [record(0, b"b")], attributes=4)),
      "a compressed record batch (codec 4)"),
     (Answer(batch(0, [record(0, b"a")]) + batch(1, [b"\x7f\x00"])), "a malformed record"),
+    # A batch length below the batch header's own size: garbled, not cut by the answer's limit.
+    (Answer(batch(0, [record(0, b"a")]) + with_length(batch(1, [record(0, b"b")]), -5)),
+     "a malformed record batch"),
+    (Answer(batch(0, [record(0, b"a")]) + with_length(batch(1, [record(0, b"b")]), 40)),
+     "a malformed record batch"),
 ])
 def test_what_the_reader_does_not_handle_is_handed_off_at_its_offset(
         peer: Callable[..., Peer], given: Answer, why: str) -> None:
