@@ -4,9 +4,18 @@ letter for a valid order, and a duplicate retry copy still waiting."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from redrive.spark.outcomes import PipelineStats
 
 DEMO = Path(__file__).resolve().parents[2] / "demo"
 if str(DEMO) not in sys.path:
@@ -127,3 +136,80 @@ def test_the_demos_rules_give_the_readme_figures() -> None:
         ("succeeded", None, 2): 777, ("succeeded", None, 3): 299,
         ("dead", "exhausted (UpstreamUnavailable)", 3): 102,
     })
+
+
+class FakePipeline:
+    """run() as RetryPipeline's: it polls until(stats) and gives up at its timeout."""
+
+    group = "fake"
+
+    def __init__(self, finishes_after: int) -> None:
+        self.finishes_after = finishes_after
+
+    def run(self, *, until: Any, timeout_s: float) -> PipelineStats:
+        stats = PipelineStats()
+        deadline = time.monotonic() + timeout_s
+        polls = 0
+        while time.monotonic() < deadline:
+            polls += 1
+            stats.records = min(polls, self.finishes_after)
+            if until(stats):
+                break
+            time.sleep(0.02)
+        return stats
+
+
+def run_fake(finishes_after: int, timeout_s: float, send: bool = False) -> Any:
+    import orders
+
+    interrupts = orders.Interrupts()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        interrupts.install()
+        interrupts.deferred = True
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
+        if send:
+            timer.start()
+        orders.run_stage(cast(Any, FakePipeline(finishes_after)),
+                         lambda stats: stats.records >= 10, timeout_s, interrupts)
+    finally:
+        if send:
+            timer.join()  # the signal must land while the test's handler is installed
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return interrupts
+
+
+def test_a_stage_that_got_there_is_not_stopped() -> None:
+    assert not run_fake(10, timeout_s=30).stopped
+
+
+def test_a_stage_cut_by_its_timeout_exits_124() -> None:
+    interrupts = run_fake(3, timeout_s=0.3)
+    assert interrupts.timed_out and interrupts.signal is None
+    assert interrupts.exit_status() == 124
+
+
+def test_sigterm_during_a_stage_stops_it_and_exits_143() -> None:
+    interrupts = run_fake(3, timeout_s=30, send=True)
+    assert interrupts.signal == signal.SIGTERM and not interrupts.timed_out
+    assert interrupts.exit_status() == 143
+
+
+def test_sigterm_outside_the_stages_raises_system_exit_143() -> None:
+    import orders
+
+    interrupts = orders.Interrupts()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        interrupts.install()
+        with pytest.raises(SystemExit) as caught:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs here, in the main thread
+        assert caught.value.code == 143
+        interrupts.cleaning = True  # a second signal must not cut the clean-up short
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
