@@ -218,6 +218,13 @@ static PyObject *encoded(PyObject *value)
     return out;
 }
 
+/* An update value encoded() turns into bytes without running Python code. */
+static int plain_value(PyObject *value)
+{
+    return value == Py_None || PyBytes_CheckExact(value) || PyUnicode_CheckExact(value)
+        || PyLong_CheckExact(value) || PyBool_Check(value);
+}
+
 static PyObject *replace(PyObject *module, PyObject *args)
 {
     PyObject *headers, *updates;
@@ -225,40 +232,64 @@ static PyObject *replace(PyObject *module, PyObject *args)
         return NULL;
     if (!PyList_CheckExact(headers) || !PyDict_CheckExact(updates))
         Py_RETURN_NONE;
-    Py_ssize_t count = PyList_GET_SIZE(headers);
+    /* With str keys and plain values, neither a lookup's __eq__ nor an encoding's __str__ can
+     * run code that changes the list or the dict under the loops; headers.py takes the rest. */
+    Py_ssize_t position = 0;
+    PyObject *name, *value;
+    while (PyDict_Next(updates, &position, &name, &value))
+        if (!PyUnicode_CheckExact(name) || !plain_value(value))
+            Py_RETURN_NONE;
+    /* An allocation may still start a collection whose finalizers change either: the loops hold
+     * what they use, and a change of size leaves the call to headers.py. */
+    Py_ssize_t count = PyList_GET_SIZE(headers), size = PyDict_GET_SIZE(updates);
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *pair = PyList_GET_ITEM(headers, i);
+        if (PyList_GET_SIZE(headers) != count || PyDict_GET_SIZE(updates) != size)
+            goto to_python;
+        PyObject *pair = Py_NewRef(PyList_GET_ITEM(headers, i));
         if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2
                 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(pair, 0))) {
-            Py_DECREF(out);
-            Py_RETURN_NONE;
+            Py_DECREF(pair);
+            goto to_python;
         }
         int named = PyDict_Contains(updates, PyTuple_GET_ITEM(pair, 0));
         /* A kept pair is immutable: the copy shares it rather than building it again. */
-        if (named < 0 || (!named && PyList_Append(out, pair) < 0)) {
+        int failed = named < 0 || (!named && PyList_Append(out, pair) < 0);
+        Py_DECREF(pair);
+        if (failed) {
             Py_DECREF(out);
             return NULL;
         }
     }
-    Py_ssize_t position = 0;
-    PyObject *name, *value;
+    position = 0;
     while (PyDict_Next(updates, &position, &name, &value)) {
         if (value == Py_None)
             continue;
-        PyObject *bytes = encoded(value);
+        Py_INCREF(name);
+        Py_INCREF(value);
+        PyObject *bytes = PyUnicode_CheckExact(name) && plain_value(value) ? encoded(value)
+                                                                            : NULL;
         PyObject *pair = bytes == NULL ? NULL : PyTuple_Pack(2, name, bytes);
+        Py_DECREF(name);
+        Py_DECREF(value);
         Py_XDECREF(bytes);
         if (pair == NULL || PyList_Append(out, pair) < 0) {
             Py_XDECREF(pair);
+            if (!PyErr_Occurred())
+                goto to_python;
             Py_DECREF(out);
             return NULL;
         }
         Py_DECREF(pair);
+        if (PyDict_GET_SIZE(updates) != size)
+            goto to_python;
     }
     return out;
+to_python:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {

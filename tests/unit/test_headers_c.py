@@ -140,6 +140,44 @@ def test_replace_leaves_other_shapes_to_python() -> None:
         ("x", b"y"), (h.ATTEMPT, b"2")]
 
 
+class Name(str):
+    """A header name whose comparisons run Python code."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        Name.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+class Shown:
+    """An update value whose str() runs Python code that changes the updates."""
+
+    def __init__(self, updates: dict[Any, Any]) -> None:
+        self.updates = updates
+
+    def __str__(self) -> str:
+        self.updates.clear()
+        return "shown"
+
+
+def test_replace_leaves_updates_that_run_python_code_to_python() -> None:
+    # A key's __eq__ or a value's __str__ could change the list or the dict under C's loops.
+    headers = [(h.ATTEMPT, b"1"), ("x", b"y")]
+    named = {Name(h.ATTEMPT): 2}
+    assert _headers.replace(headers, named) is None
+    assert Name.compared == 0
+    assert h.replace(headers, named) == h.replace_python(headers, named)
+    updates: dict[str, Any] = {h.REASON: "r"}
+    updates["redrive-" + "dynamic" * 20] = Shown(updates)
+    assert _headers.replace(headers, dict(updates)) is None
+    with pytest.raises(RuntimeError, match="changed size during iteration"):
+        h.replace(headers, updates)
+    assert headers == [(h.ATTEMPT, b"1"), ("x", b"y")]
+
+
 def test_calls_keep_no_memory() -> None:
     good = [(h.ATTEMPT, b"3"), (h.ORIGINAL_TOPIC, b"orders"), (h.ORIGINAL_PARTITION, b"1"),
             (h.ORIGINAL_OFFSET, b"9"), (h.GROUP, b"g"), (h.TARGET, b"t")]
