@@ -213,3 +213,17 @@ def test_sigterm_outside_the_stages_raises_system_exit_143() -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_runs_against_a_cluster_of_ones_own_get_names_of_their_own() -> None:
+    import orders
+
+    from redrive import topics
+
+    first, second = orders.Names.for_run("a1b2c3d4"), orders.Names.for_run("e5f6a7b8")
+    assert (first.topic, first.valid_topic, first.validator, first.group) == (
+        "orders-a1b2c3d4", "orders-a1b2c3d4.valid", "validator-a1b2c3d4", "enricher-a1b2c3d4")
+    planned = [set(topics.plan(orders.ENRICH_POLICY, names.valid_topic, names.group)
+                   .created_topics) for names in (first, second)]
+    assert not planned[0] & planned[1]
+    assert orders.Names().valid_topic == "orders.valid"  # the embedded broker keeps the README's
