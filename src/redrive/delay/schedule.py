@@ -59,11 +59,19 @@ def due_ms_of(delay: Duration | None, at: Instant | None, now: int) -> int:
     return at
 
 
+# Kafka's own topics: listed like any other, and a broker that lets a client write to them
+# corrupts its groups' offsets or transactions, one that refuses holds the tier for good.
+KAFKA_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state",
+                                   "__share_group_state", "__cluster_metadata"})
+
+
 def check_target(target_topic: str, tiers: Tiers, field: str = "target_topic") -> str:
     check_name(field, target_topic)
     if target_topic in tiers.owned_topics:
         # Forwarding into its own topics would send the record round and round.
         raise InvalidArgument(field, target_topic, "is one of the delay service's own topics")
+    if target_topic in KAFKA_INTERNAL_TOPICS:
+        raise InvalidArgument(field, target_topic, "is one of Kafka's internal topics")
     return target_topic
 
 

@@ -58,6 +58,7 @@ from redrive.errors import (
     MalformedHeader,
     RecordTooLarge,
     RedriveError,
+    UnknownTopic,
 )
 from redrive.kafka.admin import waiting_past
 from redrive.kafka.closing import close_within
@@ -207,9 +208,16 @@ class DelayService:
         if self.create_topics:
             ensure_topics(self._watched, self.tiers, self.partitions)
         admin = kafka.admin(self._watched)
+        existing = kafka.topic_partitions(admin)
+        if not self.create_topics:
+            # Left to the subscription, a missing tier is only read after the next metadata
+            # refresh (minutes) once a broker made it on first write, or never where none does.
+            for topic in self.tiers.owned_topics:
+                if topic not in existing:
+                    raise UnknownTopic(topic, "a topic of this delay service's tiers: create it, "
+                                              "or start the service with topic creation on")
         retention.check(admin, self.tiers.waits)
-        self._former = former_tiers(self._watched, self.tiers, self.group_id,
-                                    kafka.topic_partitions(admin))
+        self._former = former_tiers(self._watched, self.tiers, self.group_id, existing)
         if self._metrics_port is not None:
             self.metrics.serve(self._metrics_port)
         consumer_settings = {**CONSUMER_SETTINGS, "on_commit": self._committed}

@@ -22,7 +22,7 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.delay import DelayService, Tiers, schedule
 from redrive.delay.service import ensure_topics, former_tiers
-from redrive.errors import InvalidArgument
+from redrive.errors import InvalidArgument, UnknownTopic
 
 from ..topic_configs import set_record_limit
 from .conftest import SERVICE_LATENCY_MS, Arrival, Reader, now_ms, running, warm_producer
@@ -118,6 +118,7 @@ def test_malformed_records_go_to_the_dead_letter_topic_and_never_block(
             [(h.TARGET, tier.encode()), (h.DUE, str(now).encode())],
             [(h.TARGET, b"no-such-topic-" + unique_name().encode()), (h.DUE, str(now).encode())],
             [(h.TARGET, target.encode())],
+            [(h.TARGET, b"__consumer_offsets"), (h.DUE, str(now).encode())],
         ]
         good = [(h.TARGET, target.encode()), (h.DUE, str(now + 1_000).encode())]
         records = [kafka.OutRecord(tier, f"bad{i}".encode(), None, headers, timestamp_ms=now)
@@ -138,6 +139,7 @@ def test_malformed_records_go_to_the_dead_letter_topic_and_never_block(
     assert f"redrive-target={tier!r}" in messages[2] and "own topics" in messages[2]
     assert "no-such-topic-" in messages[3] and "no such topic" in messages[3]
     assert "redrive-due=None" in messages[4]
+    assert "__consumer_offsets" in messages[5] and "Kafka's internal topics" in messages[5]
     assert all(f"{tier}[0]@" in m for m in messages)
     assert service.metrics.value("redrive_dead_lettered_total", topic=tiers.dead_letter,
                                  reason="malformed") == len(bad)
@@ -359,6 +361,18 @@ def test_a_tier_a_producer_created_first_is_kept_and_named_in_a_warning(
     assert warned == [f"delay tier {first} has 1 partition(s), fewer than the 2 this service "
                       "creates: a broker made it when it was first written to; add partitions "
                       "with your Kafka tools if it needs them"]
+
+
+def test_a_service_told_not_to_create_topics_fails_at_start_naming_a_missing_tier(
+        bootstrap: str, tiers: Tiers, unique_name: UniqueName) -> None:
+    # It subscribed regardless and read a tier made later by a first write only minutes after.
+    missing = tiers.tiers[1].topic
+    kafka.create_topics(kafka.admin(bootstrap),
+                        {topic: 1 for topic in tiers.owned_topics if topic != missing})
+    service = DelayService(bootstrap, tiers, group_id=unique_name("g"), create_topics=False)
+    with pytest.raises(UnknownTopic, match=rf"unknown topic '{missing}'.*delay service's tiers"):
+        service.run()
+    assert missing not in kafka.topic_partitions(kafka.admin(bootstrap))
 
 
 @pytest.mark.parametrize("transactional", [False, True], ids=["at-least-once", "transactional"])
