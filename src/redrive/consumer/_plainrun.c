@@ -286,25 +286,34 @@ static PyObject *handle_plain(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *sequence = PySequence_Fast(messages, "handle_plain() needs a sequence of messages");
     if (sequence == NULL)
         return NULL;
+    /* As in the reference: the length is taken once, each message is looked up again. */
     Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
-    PyObject **items = PySequence_Fast_ITEMS(sequence);
     if (start < 0) {
         PyErr_Format(PyExc_ValueError, "handle_plain() start=%zd: must not be negative", start);
         Py_DECREF(sequence);
         return NULL;
     }
     Py_ssize_t index = start, handled = 0;
-    PyObject *last = NULL, *failed = NULL, *failure = NULL, *spare = NULL;
-    const char *stopping = PyByteArray_AS_STRING(stop);
+    PyObject *last = NULL, *failed = NULL, *failure = NULL, *spare = NULL, *message = NULL;
     for (; index < count; index++) {
         /* The runtime stops on SIGTERM through a Python signal handler, which runs only when
          * something checks: a C handler runs no bytecode, so the loop checks, as the reference's
          * own bytecode does. A handler's exception propagates, as from the reference. */
         if (PyErr_CheckSignals() < 0)
             goto error;
-        if (stopping[0])
+        /* A handler may resize the list or the bytearray, moving or freeing their storage: both
+         * are read afresh, with the reference's IndexError for one now too short. */
+        if (PyByteArray_GET_SIZE(stop) < 1) {
+            PyErr_SetString(PyExc_IndexError, "bytearray index out of range");
+            goto error;
+        }
+        if (PyByteArray_AS_STRING(stop)[0])
             break;
-        PyObject *message = items[index];
+        if (index >= PySequence_Fast_GET_SIZE(sequence)) {
+            PyErr_SetString(PyExc_IndexError, "list index out of range");
+            goto error;
+        }
+        message = Py_NewRef(PySequence_Fast_GET_ITEM(sequence, index));
         int plain = method_is_none(message, M_ERROR);
         if (plain > 0)
             plain = method_is_none(message, M_HEADERS);
@@ -320,6 +329,7 @@ static PyObject *handle_plain(PyObject *module, PyObject *const *args, Py_ssize_
         if (offset == NULL)
             goto error;
         PyObject *record = record_of(message, topic, partition, offset, &spare);
+        Py_CLEAR(message);
         if (record == NULL) {
             Py_DECREF(offset);
             goto error;
@@ -345,6 +355,7 @@ static PyObject *handle_plain(PyObject *module, PyObject *const *args, Py_ssize_
         Py_XSETREF(last, offset);
         handled++;
     }
+    Py_XDECREF(message);
     Py_DECREF(sequence);
     Py_XDECREF(spare);
     if (last == NULL && (last = PyLong_FromLong(-1)) == NULL) {
@@ -359,6 +370,7 @@ static PyObject *handle_plain(PyObject *module, PyObject *const *args, Py_ssize_
     Py_XDECREF(failure);
     return result;
 error:
+    Py_XDECREF(message);
     Py_DECREF(sequence);
     Py_XDECREF(spare);
     Py_XDECREF(last);

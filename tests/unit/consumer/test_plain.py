@@ -268,6 +268,40 @@ def test_a_signal_during_the_run_is_handled_before_the_next_record(run: HandlePl
         signal.signal(signal.SIGUSR1, previous)
 
 
+def test_a_handler_that_shortens_the_messages_or_the_stop_flag_gets_the_reference_s_error(
+        run: HandlePlain) -> None:
+    messages = [message(offset) for offset in range(6)]
+    everything = list(messages)  # the messages dropped from the list stay alive
+    stop = bytearray(1)
+
+    def shorten_messages(record: Record) -> None:
+        if record.offset == 1:
+            del messages[3:]
+
+    with pytest.raises(IndexError):
+        run(messages, 0, "orders", 0, shorten_messages, 100, 100, [], stop)
+    assert len(everything) == 6
+
+    def empty_stop(record: Record) -> None:
+        stop.clear()
+
+    with pytest.raises(IndexError):
+        run(everything, 0, "orders", 0, empty_stop, 100, 100, [], stop)
+
+
+def test_a_stop_flag_moved_by_the_handler_is_read_where_it_now_is(run: HandlePlain) -> None:
+    stop = bytearray(1)
+    seen: list[Record] = []
+
+    def handler(record: Record) -> None:
+        seen.append(record)
+        stop[:] = b"\1" + bytes(100_000)  # a new buffer
+
+    assert run([message(offset) for offset in range(3)], 0, "orders", 0, handler, 100, 100, [],
+               stop)[:3] == (1, 1, 0)
+    assert len(seen) == 1
+
+
 def test_messages_of_other_types_are_read_through_their_methods(run: HandlePlain) -> None:
     seen: list[Record] = []
     messages = [FakeMessage("orders", 0, 7, b"v"), FakeMessage("orders", 0, 8, b"w", [])]
