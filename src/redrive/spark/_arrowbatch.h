@@ -50,6 +50,7 @@ typedef struct {
     int64_t rows, nulls;
 } BinCol;
 
+/* Clears as well as sets: a row taken back (batch_rewind) may have left its bit set. */
 static inline int bit_put(Buf *bitmap, int64_t row, int valid) {
     if (row % 8 == 0) {
         char zero = 0;
@@ -58,8 +59,16 @@ static inline int bit_put(Buf *bitmap, int64_t row, int valid) {
     }
     if (valid)
         bitmap->data[row / 8] |= (char)(1 << (row % 8));
+    else
+        bitmap->data[row / 8] &= (char)~(1 << (row % 8));
     return 0;
 }
+
+/* The most a column's data may hold: Arrow's int32 offsets. A test builds a copy with a small
+ * limit, to reach it without gigabytes. */
+#ifndef COLUMN_LIMIT
+#define COLUMN_LIMIT INT32_MAX
+#endif
 
 static inline int bincol_put(BinCol *c, const void *src, size_t n, int valid) {
     if (c->rows == 0) {
@@ -71,7 +80,7 @@ static inline int bincol_put(BinCol *c, const void *src, size_t n, int valid) {
         return -1;
     if (valid && buf_put(&c->data, src, n) < 0)
         return -1;
-    if (c->data.len > INT32_MAX)
+    if (c->data.len > COLUMN_LIMIT)
         return -1;
     int32_t end = (int32_t)c->data.len;
     if (buf_put(&c->offsets, &end, sizeof end) < 0)
@@ -129,6 +138,45 @@ static inline void batch_free(Batch *b) {
     free(b->header_validity.data);
     free(b->header_offsets.data);
     memset(b, 0, sizeof *b);
+}
+
+/* Where each column of a batch ends: a row that fails part way is taken back to it, so that
+ * every column keeps the batch's row count. */
+typedef struct {
+    size_t len[17];
+    int64_t counts[9];
+} BatchMark;
+
+#define BATCH_BUFS(b)                                                                             \
+    &(b)->keys.validity, &(b)->keys.offsets, &(b)->keys.data, &(b)->values.validity,              \
+        &(b)->values.offsets, &(b)->values.data, &(b)->header_keys.validity,                      \
+        &(b)->header_keys.offsets, &(b)->header_keys.data, &(b)->header_values.validity,          \
+        &(b)->header_values.offsets, &(b)->header_values.data, &(b)->offsets,                     \
+        &(b)->timestamps_us, &(b)->timestamp_types, &(b)->header_validity, &(b)->header_offsets
+#define BATCH_COUNTS(b)                                                                           \
+    &(b)->keys.rows, &(b)->keys.nulls, &(b)->values.rows, &(b)->values.nulls,                     \
+        &(b)->header_keys.rows, &(b)->header_keys.nulls, &(b)->header_values.rows,                \
+        &(b)->header_values.nulls, &(b)->header_nulls
+
+static inline void batch_mark(Batch *b, BatchMark *m) {
+    Buf *bufs[] = {BATCH_BUFS(b)};
+    int64_t *counts[] = {BATCH_COUNTS(b)};
+    _Static_assert(sizeof bufs / sizeof *bufs == sizeof m->len / sizeof *m->len &&
+                       sizeof counts / sizeof *counts == sizeof m->counts / sizeof *m->counts,
+                   "a BatchMark holds every column");
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        m->len[i] = bufs[i]->len;
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++)
+        m->counts[i] = *counts[i];
+}
+
+static inline void batch_rewind(Batch *b, const BatchMark *m) {
+    Buf *bufs[] = {BATCH_BUFS(b)};
+    int64_t *counts[] = {BATCH_COUNTS(b)};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        bufs[i]->len = m->len[i];
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++)
+        *counts[i] = m->counts[i];
 }
 
 /* One record's own columns; its headers, if the batch has them, follow with batch_headers_*. */

@@ -284,6 +284,8 @@ static int take_record(FetchReader *self) {
     /* A time past what Spark's microseconds hold is garbage in any case: it stays at the edge. */
     if (__builtin_mul_overflow(ms, 1000, &us))
         us = ms < 0 ? INT64_MIN : INT64_MAX;
+    BatchMark mark;
+    batch_mark(b, &mark);
     /* Spark's timestampType: 0 create time, 1 log append time. */
     if (batch_row(b, key, key_len > 0 ? (size_t)key_len : 0, key_len >= 0, value,
                   value_len > 0 ? (size_t)value_len : 0, value_len >= 0, offset, us,
@@ -310,13 +312,14 @@ static int take_record(FetchReader *self) {
     self->position = offset + 1;
     return 0;
 no_memory:
+    batch_rewind(b, &mark);
     stop_with(self, "out of memory, or a batch over 2 GiB");
     return -1;
 }
 
-/* Fills the batch until it holds max_rows records or max_bytes of keys and values, the range is
- * done, or the rest is handed off. Runs without the GIL. Returns -1 (with `why`) only for a read
- * that makes no progress while the broker answers. */
+/* Fills the batch until it holds max_rows records or max_bytes of keys, values and headers, the
+ * range is done, or the rest is handed off. Runs without the GIL. Returns -1 (with `why`) only
+ * for a read that makes no progress while the broker answers. */
 static int fill_batch(void *reader, int64_t max_rows, int64_t max_bytes, char *why,
                       size_t why_len) {
     FetchReader *self = reader;
@@ -324,7 +327,8 @@ static int fill_batch(void *reader, int64_t max_rows, int64_t max_bytes, char *w
     int64_t seen = self->position;
     double idle_until = monotonic_ms() + self->poll_timeout_ms;
     while (self->position < self->end && !self->handoff[0] && b->rows < max_rows &&
-           (int64_t)(b->keys.data.len + b->values.data.len) < max_bytes) {
+           (int64_t)(b->keys.data.len + b->values.data.len + b->header_keys.data.len +
+                     b->header_values.data.len) < max_bytes) {
         if (self->in_batch) {
             if (take_record(self) < 0)
                 return 0;

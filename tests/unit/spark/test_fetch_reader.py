@@ -3,10 +3,16 @@ states. (tests/integration/spark/test_range_readers.py reads real brokers with e
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
+import shutil
 import struct
+import subprocess
+import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pyarrow as pa
 import pytest
@@ -237,3 +243,47 @@ def test_a_reader_never_initialised_leaves_descriptor_0_alone(tmp_path: Path) ->
     finally:
         os.dup2(saved, 0)
         os.close(saved)
+
+
+def test_header_bytes_count_toward_a_read_s_max_bytes(peer: Callable[..., Peer]) -> None:
+    records = [record(i, b"v", headers=[("h", b"x" * 1_000)]) for i in range(10)]
+    fetch_reader = reader(peer(answers(Answer(batch(0, records)))), 0, 10)
+    schema = to_arrow_schema(kafka_schema(True), timezone="UTC")
+    read = list(buffers.batches(fetch_reader, TOPIC, 0, schema, max_rows=1_000,
+                                max_bytes=3_000))
+    assert [b.num_rows for b in read] == [3, 3, 3, 1]
+
+
+def with_column_limit(into: Path, limit: int) -> ModuleType:
+    """The reader built with columns limited to `limit` bytes, so that a test reaches the limit
+    (2 GiB in the real build) without gigabytes."""
+    source = Path(__file__).resolve().parents[3] / "src" / "redrive" / "spark"
+    if shutil.which("gcc") is None or not (source / "_fetchread.c").exists():
+        pytest.skip("needs gcc and the reader's C sources")
+    target = into / "_fetchread_limited.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", f"-DCOLUMN_LIMIT={limit}",
+                    f"-I{sysconfig.get_paths()['include']}", str(source / "_fetchread.c"),
+                    str(source / "_fetchconn.c"), "-o", str(target)], check=True)
+    loader = importlib.machinery.ExtensionFileLoader("redrive.spark._fetchread", str(target))
+    spec = importlib.util.spec_from_file_location("redrive.spark._fetchread", target,
+                                                  loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_a_record_over_the_column_limit_is_handed_off_whole(
+        peer: Callable[..., Peer], tmp_path: Path) -> None:
+    # The 34th record's header value takes its column past the limit after its key, value and
+    # header name are written: the batch must end with the 33 whole rows before it.
+    limited = with_column_limit(tmp_path, 100_000)
+    records = [record(i, b"v%d" % i, b"k", headers=[("h", b"x" * 3_000)]) for i in range(50)]
+    source = peer(answers(Answer(batch(0, records))))
+    fetch_reader = limited.FetchReader(source.bootstrap, TOPIC, 0, 0, 50, True, True, 2_000)
+    read = table(fetch_reader)
+    read.validate(full=True)
+    assert values(read) == [b"v%d" % i for i in range(33)]
+    assert read.column("headers").to_pylist() == [[{"key": "h", "value": b"x" * 3_000}]] * 33
+    assert (fetch_reader.position, fetch_reader.handoff) == \
+        (33, "out of memory, or a batch over 2 GiB")
