@@ -446,15 +446,32 @@ static int FetchReader_init(FetchReader *self, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
+/* Raises for a call from another thread while read() runs: it would free the buffers that the
+ * read, without the GIL, is receiving into. */
+static int refuse_if_busy(FetchReader *self) {
+    if (!self->busy)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "FetchReader is reading in another thread");
+    return -1;
+}
+
 static PyObject *FetchReader_read(FetchReader *self, PyObject *args) {
     if (self->topic == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "FetchReader is not initialised");
         return NULL;
     }
-    return read_batch(self, &self->batch, self->with_headers, fill_batch, ReadError, args);
+    if (refuse_if_busy(self) < 0)
+        return NULL;
+    self->busy = 1;
+    PyObject *batch = read_batch(self, &self->batch, self->with_headers, fill_batch, ReadError,
+                                 args);
+    self->busy = 0;
+    return batch;
 }
 
 static PyObject *FetchReader_feed(FetchReader *self, PyObject *args) {
+    if (refuse_if_busy(self) < 0)
+        return NULL;
     Py_buffer answers;
     if (!PyArg_ParseTuple(args, "y*", &answers))
         return NULL;
@@ -473,6 +490,8 @@ static PyObject *FetchReader_feed(FetchReader *self, PyObject *args) {
 }
 
 static PyObject *FetchReader_close(FetchReader *self, PyObject *Py_UNUSED(ignored)) {
+    if (refuse_if_busy(self) < 0)
+        return NULL;
     reader_close(self);
     Py_RETURN_NONE;
 }

@@ -99,6 +99,8 @@ typedef struct {
     int64_t end, position;
     int with_headers, read_committed, poll_timeout_ms;
     int fd;
+    /* Set while read() runs without the GIL: another thread's call must not free what it uses. */
+    int busy;
     int32_t correlation;
     char peer[300];
     Batch batch;

@@ -10,6 +10,7 @@ import shutil
 import struct
 import subprocess
 import sysconfig
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -287,3 +288,31 @@ def test_a_record_over_the_column_limit_is_handed_off_whole(
     assert read.column("headers").to_pylist() == [[{"key": "h", "value": b"x" * 3_000}]] * 33
     assert (fetch_reader.position, fetch_reader.handoff) == \
         (33, "out of memory, or a batch over 2 GiB")
+
+
+def test_a_reader_refuses_other_threads_while_it_reads(peer: Callable[..., Peer]) -> None:
+    # read() waits on the socket without the GIL: close() or feed() from another thread would
+    # free the buffer it receives into.
+    asked, answer = threading.Event(), threading.Event()
+
+    def slow(fetch: Fetch) -> Answer:
+        asked.set()
+        answer.wait(10)
+        return Answer(batch(0, [record(0, b"a")]))
+
+    fetch_reader = reader(peer(slow), 0, 1)
+    read: list[object] = []
+    thread = threading.Thread(target=lambda: read.append(fetch_reader.read(10, 1 << 20)))
+    thread.start()
+    try:
+        assert asked.wait(10)
+        for call in (fetch_reader.close, lambda: fetch_reader.feed(b""),
+                     lambda: fetch_reader.read(10, 1 << 20)):
+            with pytest.raises(RuntimeError, match="reading in another thread"):
+                call()
+    finally:
+        answer.set()
+        thread.join(10)
+    assert read and read[0] is not None
+    assert fetch_reader.position == 1
+    fetch_reader.close()
