@@ -84,3 +84,7 @@ class OutputMismatch(RedriveError, TypeError):
     """A Spark pipeline's function returned what its output_schema cannot hold: not a mapping,
     none of the schema's fields, or a value of the wrong type. The record fails with it (routed
     by the policy like any error) instead of being written as nulls or failing the query."""
+
+
+class DelayServiceError(RedriveError):
+    """The delay service cannot go on (fenced by a newer instance, or a fatal client error)."""

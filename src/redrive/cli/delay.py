@@ -7,7 +7,8 @@ import logging
 import click
 
 from redrive.cli.options import SETTING, bootstrap_option, metrics_port_option, settings
-from redrive.delay.service import DEFAULT_GROUP, DEFAULT_PARTITIONS, DelayService
+from redrive.delay.own_topics import DEFAULT_PARTITIONS
+from redrive.delay.service import DEFAULT_GROUP, DelayService
 from redrive.delay.tiers import DEFAULT_DURATIONS, DEFAULT_PREFIX, Tiers
 from redrive.errors import RedriveError
 

@@ -29,6 +29,26 @@ class Batch:
         self.origins.append((source, offset))
         self.sources.setdefault(record.topic, set()).add(source)
 
+    def split(self, dead_letter: str) -> list[Batch]:
+        """One batch per tier partition read, with its own copies, offsets and counts: a
+        transaction the broker refused says nothing of which copy it refused, so the partitions
+        are tried again each in a transaction of its own."""
+        parts: dict[Key, Batch] = {key: Batch(starts={key: start})
+                                   for key, start in self.starts.items()}
+        for index, (source, offset) in enumerate(self.origins):
+            part, record = parts[source], self.out[index]
+            part.add(source, offset, record)
+            if record.topic == dead_letter:
+                part.malformed += 1
+            elif index in self.late_by:
+                part.delivered[record.topic] = part.delivered.get(record.topic, 0) + 1
+                part.late_by[len(part.out) - 1] = self.late_by[index]
+            else:
+                part.hops[record.topic] = part.hops.get(record.topic, 0) + 1
+        for tp in self.offsets:
+            parts[(tp.topic, tp.partition)].offsets.append(tp)
+        return [part for part in parts.values() if part.out or part.offsets]
+
     def part(self, indexes: Iterable[int], dead_letter: str) -> Batch:
         """The counts of only these copies (those the broker took)."""
         part = Batch()

@@ -49,18 +49,18 @@ from redrive.arguments import (
 )
 from redrive.clock import now_ms
 from redrive.delay.batch import Batch
+from redrive.delay.own_topics import DEFAULT_PARTITIONS, check_topics, ensure_topics, former_tiers
 from redrive.delay.schedule import check_target
 from redrive.delay.settling import Landed, settle
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
 from redrive.errors import (
+    DelayServiceError,
     DeliveryFailed,
     InvalidArgument,
     MalformedHeader,
     RecordTooLarge,
     RedriveError,
-    UnknownTopic,
 )
-from redrive.kafka.admin import waiting_past
 from redrive.kafka.closing import close_within
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Refusals, Why
@@ -73,11 +73,9 @@ from redrive.signals import stop_on_signals
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP = "redrive-delay"
-DEFAULT_PARTITIONS = 6
 MAX_BATCH = 5000
 # How long one poll may block when no partition is due sooner: bounds the reaction to stop().
 IDLE_POLL_S = 0.2
-TOPIC_READY_TIMEOUT_S = 30.0
 # How long closing waits for the consumer, then for the forwarded copies not yet acknowledged.
 CLOSE_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 30.0
@@ -103,10 +101,6 @@ PRODUCER_SETTINGS: Mapping[str, Any] = {
 }
 
 Key = tuple[str, int]
-
-
-class DelayServiceError(RedriveError):
-    """The service cannot go on (fenced by a newer instance, or a fatal client error)."""
 
 
 class _Malformed(Exception):
@@ -210,12 +204,7 @@ class DelayService:
         admin = kafka.admin(self._watched)
         existing = kafka.topic_partitions(admin)
         if not self.create_topics:
-            # Left to the subscription, a missing tier is only read after the next metadata
-            # refresh (minutes) once a broker made it on first write, or never where none does.
-            for topic in self.tiers.owned_topics:
-                if topic not in existing:
-                    raise UnknownTopic(topic, "a topic of this delay service's tiers: create it, "
-                                              "or start the service with topic creation on")
+            check_topics(self.tiers, existing)
         retention.check(admin, self.tiers.waits)
         self._former = former_tiers(self._watched, self.tiers, self.group_id, existing)
         if self._metrics_port is not None:
@@ -446,15 +435,20 @@ class DelayService:
 
     # --- forwarding -------------------------------------------------------------------------
 
-    def _forward(self, batch: Batch) -> None:
+    def _forward(self, batch: Batch) -> bool:
+        """Forward the batch; False when the brokers are away or the producer failed, when
+        nothing more should be tried this poll."""
         consumer = self._require_consumer()
+        refusing = any(key in self._refusals for key in batch.starts)
+        if self._transactions is not None and refusing and len(batch.starts) > 1:
+            return self._forward_apart(batch)
         try:
             if self._transactions is not None:
                 self._transactions.commit(batch.out, batch.offsets,
                                           consumer.consumer_group_metadata())
-            elif any(key in self._refusals for key in batch.starts):
+            elif refusing:
                 self._forward_each(batch)
-                return
+                return True
             else:
                 assert self._producer is not None
                 kafka.produce_acked(self._producer, batch.out, self._timeout_s)
@@ -477,13 +471,30 @@ class DelayService:
             refused = not (outage or failed_for_good or passing_failure(exc))
             if refused:
                 self._forget_targets()
+            if refused and self._transactions is not None and len(batch.starts) > 1:
+                # Held together, the partitions would come back together, and the one refused
+                # copy would abort them all again at every try.
+                return self._forward_apart(batch)
             self._rewind(batch, refused=refused, why=exc)
-            return
+            return not (outage or failed_for_good)
         self.health.ok()
         self._refusals.forget(batch.starts)
         if self._landed:
             self._landed.committed(batch.offsets)
         self._count(batch)
+        return True
+
+    def _forward_apart(self, batch: Batch) -> bool:
+        """Each tier partition's copies and offset in a transaction of its own, so that only the
+        partitions whose copies the broker refuses wait (as without transactions)."""
+        parts = batch.split(self.tiers.dead_letter)
+        for index, part in enumerate(parts):
+            if not self._forward(part):
+                for rest in parts[index + 1:]:
+                    self._rewind(rest, refused=False, why=DelayServiceError(
+                        "not tried: the transaction of another tier partition failed"))
+                return False
+        return True
 
     def _forget_targets(self) -> None:
         """After a refusal: a target deleted since it was checked is refused until it is
@@ -549,46 +560,3 @@ class DelayService:
             self.metrics.late_by(late / 1000)
         for _ in range(batch.malformed):
             self.metrics.dead_lettered(self.tiers.dead_letter, "malformed")
-
-
-def former_tiers(connection: kafka.Connection, tiers: Tiers, group_id: str,
-                 partitions: Mapping[str, int]) -> dict[str, Tier]:
-    """The tier topics of another set of tiers with this prefix (`partitions`: every topic's
-    partition count) that hold records past the service group's offsets. A service started with
-    other tiers would leave those records waiting for good: it reads these topics too, each
-    record going on through the current tiers, until they are empty."""
-    former = tiers.named_on(partitions)
-    waiting = waiting_past(connection, group_id, former, partitions)
-    for name in sorted(former):
-        if waiting[name] > 0:
-            log.warning("%s is not among the tiers (%s) but holds up to %d records past group "
-                        "%s's offsets (a tier of the tiers the service ran with before); "
-                        "reading it too, so that they are forwarded", name,
-                        ", ".join(tiers.topics), waiting[name], group_id)
-    return {name: tier for name, tier in former.items() if waiting[name] > 0}
-
-
-def ensure_topics(connection: kafka.Connection, tiers: Tiers,
-                  partitions: int = DEFAULT_PARTITIONS,
-                  timeout_s: float = TOPIC_READY_TIMEOUT_S) -> list[str]:
-    """Create the missing tier and dead-letter topics; return once metadata shows them all."""
-    admin = kafka.admin(connection)
-    created = kafka.create_topics(admin, {topic: partitions for topic in tiers.owned_topics})
-    deadline = now_ms() + int(timeout_s * 1000)
-    while True:
-        counts = kafka.topic_partitions(admin)
-        missing = [topic for topic in tiers.owned_topics if topic not in counts]
-        if not missing:
-            for topic in tiers.owned_topics:
-                if counts[topic] < partitions:
-                    # A tier a producer wrote to before the service first ran, on a broker
-                    # that creates topics on first use: it serves, with less parallelism.
-                    log.warning("delay tier %s has %d partition(s), fewer than the %d this "
-                                "service creates: a broker made it when it was first written "
-                                "to; add partitions with your Kafka tools if it needs them",
-                                topic, counts[topic], partitions)
-            return created
-        if now_ms() > deadline:
-            raise DelayServiceError(f"topics {missing} still missing from metadata after "
-                                    f"{timeout_s}s")
-        time.sleep(0.05)

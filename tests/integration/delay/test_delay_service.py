@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from redrive import headers as h
 from redrive import kafka
 from redrive.delay import DelayService, Tiers, schedule
-from redrive.delay.service import ensure_topics, former_tiers
+from redrive.delay.own_topics import ensure_topics, former_tiers
 from redrive.errors import InvalidArgument, UnknownTopic
 
 from ..topic_configs import set_record_limit
