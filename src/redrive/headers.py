@@ -86,6 +86,16 @@ def has_redrive(headers: Sequence[tuple[str, bytes]]) -> bool:
     return any(name.startswith(PREFIX) for name, _ in headers)
 
 
+MALFORMED_PREFIX = "redrive-malformed-"
+
+
+def set_aside(headers: Sequence[tuple[str, bytes]]) -> Headers:
+    """The headers with redrive's renamed `redrive-malformed-<name>`: a record dead-lettered as
+    malformed keeps its unreadable values, and the redrive headers written on it then parse."""
+    return [(MALFORMED_PREFIX + name[len(PREFIX):] if name.startswith(PREFIX) else name, value)
+            for name, value in headers]
+
+
 def readable_group(headers: Sequence[tuple[str, bytes]]) -> str | None:
     """The group a record names when another of its redrive headers cannot be read: the copy is
     still that group's alone to dead-letter, not every group's that reads its topic."""

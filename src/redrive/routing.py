@@ -36,7 +36,6 @@ class DeadLetter:
 
 Route = Retry | DeadLetter
 
-MALFORMED_PREFIX = "redrive-malformed-"
 
 
 def route(record: Record, error: BaseException | ErrorInfo, policy: RetryPolicy, now_ms: int,
@@ -119,12 +118,7 @@ def _malformed(record: Record, info: ErrorInfo, policy: RetryPolicy, now_ms: int
     The unreadable values stay on the record as `redrive-malformed-<name>`, so nothing of its
     story is lost and the dead-letter record's own redrive headers parse cleanly.
     """
-    kept: Headers = []
-    for name, value in record.headers:
-        if name.startswith(h.PREFIX):
-            kept.append((MALFORMED_PREFIX + name[len(h.PREFIX):], value))
-        else:
-            kept.append((name, value))
+    kept = h.set_aside(record.headers)
     origin = Origin(record.topic, record.partition, record.offset, record.timestamp_ms)
     plan = topics.plan(policy, _source_topic(record, group), group)
     updates: dict[str, str | int | bytes | None] = {

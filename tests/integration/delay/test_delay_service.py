@@ -23,6 +23,8 @@ from redrive import kafka
 from redrive.delay import DelayService, Tiers, schedule
 from redrive.delay.own_topics import ensure_topics, former_tiers
 from redrive.errors import InvalidArgument, UnknownTopic
+from redrive.ops.deadletters import DeadLetterRecord
+from redrive.record import NO_HISTORY, new_record
 
 from ..topic_configs import set_record_limit
 from .conftest import SERVICE_LATENCY_MS, Arrival, Reader, now_ms, running, warm_producer
@@ -140,6 +142,11 @@ def test_malformed_records_go_to_the_dead_letter_topic_and_never_block(
     assert "no-such-topic-" in messages[3] and "no such topic" in messages[3]
     assert "redrive-due=None" in messages[4]
     assert "__consumer_offsets" in messages[5] and "Kafka's internal topics" in messages[5]
+    # Their redrive headers set aside, so that the tools read why each died.
+    assert dead[1].header("redrive-malformed-due") == "soon" and dead[1].header(h.DUE) is None
+    letters = [DeadLetterRecord.of(new_record(d.topic, 0, i, d.timestamp_ms, d.key, d.value,
+                                              d.headers, NO_HISTORY)) for i, d in enumerate(dead)]
+    assert [(letter.problem, letter.reason) for letter in letters] == [(None, "malformed")] * 6
     assert all(f"{tier}[0]@" in m for m in messages)
     assert service.metrics.value("redrive_dead_lettered_total", topic=tiers.dead_letter,
                                  reason="malformed") == len(bad)
