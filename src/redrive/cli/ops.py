@@ -149,13 +149,15 @@ def dlt_show(bootstrap: str, timeout_s: float, topic: str | None, group: str | N
         click.echo(formatting.detail(found, at))
 
 
-def _group_policy(backoff: str | None, exponential: str | None, multiplier: float,
+def _group_policy(backoff: str | None, exponential: str | None, multiplier: float | None,
                   max_delay: str | None, attempts: int | None, naming: str,
                   no_dlt: bool) -> RetryPolicy | None:
     """The group's policy as the options give it, or None to find its topics on the cluster."""
-    # --multiplier, --max-delay, --naming and --no-dlt alone give no delays: a policy made of
-    # them would have the default 1s ones, and so name topics the group likely does not have.
-    if backoff is None and exponential is None and attempts is None:
+    # --naming and --no-dlt alone give no delays: a policy made of them would have the default
+    # 1s ones, and so name topics the group likely does not have. --multiplier and --max-delay
+    # alone are refused below, as everywhere, rather than ignored.
+    shaped = multiplier is not None or max_delay is not None
+    if backoff is None and exponential is None and attempts is None and not shaped:
         return None
     return policy_from_options(backoff=backoff, exponential=exponential, multiplier=multiplier,
                                max_delay=max_delay, attempts=attempts, naming=naming,

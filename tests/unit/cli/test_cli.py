@@ -103,6 +103,8 @@ def test_backoff_and_exponential_together_is_a_usage_error(command: list[str]) -
 @pytest.mark.parametrize("command", [
     ["topics", "plan", "--topic", "orders", "--group", "billing"],
     ["stats", *NO_BROKER, "--topic", "orders", "--group", "billing", "--attempts", "3"],
+    ["stats", *NO_BROKER, "--topic", "orders", "--group", "billing"],
+    ["dlt", "replay", *NO_BROKER, "--topic", "orders", "--group", "billing"],
 ])
 @pytest.mark.parametrize(("given", "option"), [
     (["--backoff", "5s", "--max-delay", "1s"], "--max-delay"),
