@@ -9,6 +9,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import sysconfig
 import threading
 from collections.abc import Callable, Iterator
@@ -255,9 +256,12 @@ def test_header_bytes_count_toward_a_read_s_max_bytes(peer: Callable[..., Peer])
     assert [b.num_rows for b in read] == [3, 3, 3, 1]
 
 
-def with_column_limit(into: Path, limit: int) -> ModuleType:
+def with_column_limit(into: Path, limit: int, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """The reader built with columns limited to `limit` bytes, so that a test reaches the limit
-    (2 GiB in the real build) without gigabytes."""
+    (2 GiB in the real build) without gigabytes. Loading it puts it in sys.modules in place of
+    the real one (as any single-phase extension): the real one is put back after the test."""
+    name = "redrive.spark._fetchread"
+    monkeypatch.setitem(sys.modules, name, sys.modules[name])
     source = Path(__file__).resolve().parents[3] / "src" / "redrive" / "spark"
     if shutil.which("gcc") is None or not (source / "_fetchread.c").exists():
         pytest.skip("needs gcc and the reader's C sources")
@@ -265,9 +269,8 @@ def with_column_limit(into: Path, limit: int) -> ModuleType:
     subprocess.run(["gcc", "-O1", "-shared", "-fPIC", f"-DCOLUMN_LIMIT={limit}",
                     f"-I{sysconfig.get_paths()['include']}", str(source / "_fetchread.c"),
                     str(source / "_fetchconn.c"), "-o", str(target)], check=True)
-    loader = importlib.machinery.ExtensionFileLoader("redrive.spark._fetchread", str(target))
-    spec = importlib.util.spec_from_file_location("redrive.spark._fetchread", target,
-                                                  loader=loader)
+    loader = importlib.machinery.ExtensionFileLoader(name, str(target))
+    spec = importlib.util.spec_from_file_location(name, target, loader=loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
@@ -275,10 +278,11 @@ def with_column_limit(into: Path, limit: int) -> ModuleType:
 
 
 def test_a_record_over_the_column_limit_is_handed_off_whole(
-        peer: Callable[..., Peer], tmp_path: Path) -> None:
+        peer: Callable[..., Peer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The 34th record's header value takes its column past the limit after its key, value and
     # header name are written: the batch must end with the 33 whole rows before it.
-    limited = with_column_limit(tmp_path, 100_000)
+    limited = with_column_limit(tmp_path, 100_000, monkeypatch)
+    assert limited.FetchReader is not FetchReader
     records = [record(i, b"v%d" % i, b"k", headers=[("h", b"x" * 3_000)]) for i in range(50)]
     source = peer(answers(Answer(batch(0, records))))
     fetch_reader = limited.FetchReader(source.bootstrap, TOPIC, 0, 0, 50, True, True, 2_000)
@@ -316,3 +320,4 @@ def test_a_reader_refuses_other_threads_while_it_reads(peer: Callable[..., Peer]
     assert read and read[0] is not None
     assert fetch_reader.position == 1
     fetch_reader.close()
+
