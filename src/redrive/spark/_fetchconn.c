@@ -268,7 +268,7 @@ int ask(FetchReader *self, int16_t api, int16_t version, const Buf *body) {
     const unsigned char *p = take(self, 4);
     if (p == NULL)
         return -1;
-    self->answer_left = be(p, 4);
+    self->answer_left = (int32_t)be(p, 4);
     if (self->answer_left < 4 || (p = take(self, 4)) == NULL) {
         stop_with(self, "an answer too short for its header");
         return -1;
@@ -296,6 +296,12 @@ int connect_leader(FetchReader *self) {
         return -1;
     }
     free(body.data);
+    /* Taken whole: a garbled size would be allocated and waited for. */
+    if (self->answer_left > METADATA_ANSWER_LIMIT) {
+        /* With its correlation id, as the size field gave it. */
+        stop_with(self, "a metadata answer of %lld bytes", (long long)self->answer_left + 4);
+        return -1;
+    }
     const unsigned char *p = take(self, (size_t)self->answer_left);
     if (p == NULL)
         return -1;

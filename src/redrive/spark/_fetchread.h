@@ -19,6 +19,8 @@
 #define BATCH_HEADER 61
 #define CONNECT_TIMEOUT_MS 10000
 #define ANSWER_TIMEOUT_MS 30000
+/* Far above what one topic's metadata takes, even with thousands of brokers and partitions. */
+#define METADATA_ANSWER_LIMIT (64 << 20)
 
 /* Functions shared between the reader's two files, not exported from the module. */
 #define INTERNAL __attribute__((visibility("hidden")))

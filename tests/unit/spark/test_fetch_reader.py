@@ -7,6 +7,7 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -321,3 +322,33 @@ def test_a_reader_refuses_other_threads_while_it_reads(peer: Callable[..., Peer]
     assert fetch_reader.position == 1
     fetch_reader.close()
 
+
+
+@pytest.mark.parametrize(("size", "why"), [
+    (0x7FFF_FFF0, "a metadata answer of 2147483632 bytes"),
+    (0xFFFF_FFF0, "an answer too short for its header"),
+])
+def test_a_garbled_metadata_answer_size_is_handed_off_at_once(size: int, why: str) -> None:
+    # Taken whole, a metadata answer's size is allocated and waited for: a garbled one (2 GiB, or
+    # a negative one read as 4 GiB) must not hold the reader for its answer timeout.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def answer() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                head = connection.recv(4, socket.MSG_WAITALL)
+                request = connection.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
+                correlation = request[4:8]
+                connection.sendall(struct.pack(">I", size) + correlation)
+                connection.recv(1)  # open until the reader lets go
+
+        peer_thread = threading.Thread(target=answer, daemon=True)
+        peer_thread.start()
+        host, port = listener.getsockname()
+        fetch_reader = FetchReader(f"{host}:{port}", TOPIC, 0, 0, 1, False, True, 1_000)
+        assert fetch_reader.read(10, 1 << 20) is None
+        fetch_reader.close()
+        peer_thread.join(10)
+    assert fetch_reader.handoff == why
