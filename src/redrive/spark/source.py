@@ -247,6 +247,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # makes the next one start there. (Below its earliest, the readers skip the
                 # deleted records and go on from there in this batch.)
                 ceiling[tp] = earliest[tp]
+                # What the gate found due was of the records before: the new ones are scanned.
+                self._scans.pop(tp, None)
                 continue
             if self._target is not None:
                 # An availableNow run stops where the partitions ended when it was prepared. A
