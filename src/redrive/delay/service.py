@@ -424,7 +424,12 @@ class DelayService:
     def _dead_letter(self, message: Message, record_headers: list[tuple[str, bytes]],
                      error: RedriveError, now: int) -> kafka.OutRecord:
         where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
-        dead_headers = h.replace(h.set_aside(record_headers), {
+        try:
+            h.read_delivery(record_headers)
+            kept = record_headers  # its group and origin still say where to replay it
+        except MalformedHeader:
+            kept = h.set_aside(record_headers)
+        dead_headers = h.replace(kept, {
             h.REASON: "malformed",
             h.ERROR_TYPE: qualified_name(type(error)),
             h.ERROR_MESSAGE: f"{error} (record {where})",

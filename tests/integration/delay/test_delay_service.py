@@ -121,6 +121,10 @@ def test_malformed_records_go_to_the_dead_letter_topic_and_never_block(
             [(h.TARGET, b"no-such-topic-" + unique_name().encode()), (h.DUE, str(now).encode())],
             [(h.TARGET, target.encode())],
             [(h.TARGET, b"__consumer_offsets"), (h.DUE, str(now).encode())],
+            # A retry copy whose own history reads well: its dead letter keeps it for a replay.
+            [(h.TARGET, b"no-such-topic-" + unique_name().encode()), (h.DUE, str(now).encode()),
+             (h.GROUP, b"billing"), (h.ATTEMPT, b"2"), (h.ORIGINAL_TOPIC, b"orders"),
+             (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"41")],
         ]
         good = [(h.TARGET, target.encode()), (h.DUE, str(now + 1_000).encode())]
         records = [kafka.OutRecord(tier, f"bad{i}".encode(), None, headers, timestamp_ms=now)
@@ -146,7 +150,10 @@ def test_malformed_records_go_to_the_dead_letter_topic_and_never_block(
     assert dead[1].header("redrive-malformed-due") == "soon" and dead[1].header(h.DUE) is None
     letters = [DeadLetterRecord.of(new_record(d.topic, 0, i, d.timestamp_ms, d.key, d.value,
                                               d.headers, NO_HISTORY)) for i, d in enumerate(dead)]
-    assert [(letter.problem, letter.reason) for letter in letters] == [(None, "malformed")] * 6
+    assert [(letter.problem, letter.reason) for letter in letters] == [(None, "malformed")] * 7
+    assert [dead[6].header(name) for name in (h.GROUP, h.ATTEMPT, h.ORIGINAL_OFFSET)] == [
+        "billing", "2", "41"]
+    assert letters[6].info is not None and letters[6].info.original is not None
     assert all(f"{tier}[0]@" in m for m in messages)
     assert service.metrics.value("redrive_dead_lettered_total", topic=tiers.dead_letter,
                                  reason="malformed") == len(bad)
