@@ -320,6 +320,9 @@ def main() -> int:
               flush=True)
         produce(bootstrap, names, args.records)
         spark = spark_session()
+        # A local SparkContext puts its own SIGINT handler in (it cancels the jobs and raises
+        # KeyboardInterrupt): Ctrl-C must stop the stage between batches, as SIGTERM does.
+        interrupts.install()
         try:
             output = workdir / "enriched"
             stats = run_stages(spark, bootstrap, names, workdir, output, args, started,
