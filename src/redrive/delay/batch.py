@@ -33,11 +33,22 @@ class Batch:
         """One batch per tier partition read, with its own copies, offsets and counts: a
         transaction the broker refused says nothing of which copy it refused, so the partitions
         are tried again each in a transaction of its own."""
-        parts: dict[Key, Batch] = {key: Batch(starts={key: start})
-                                   for key, start in self.starts.items()}
-        for index, (source, offset) in enumerate(self.origins):
-            part, record = parts[source], self.out[index]
-            part.add(source, offset, record)
+        parts = []
+        for key, start in self.starts.items():
+            part = self.part([index for index, (source, _) in enumerate(self.origins)
+                              if source == key], dead_letter)
+            part.starts = {key: start}
+            part.offsets = [tp for tp in self.offsets if (tp.topic, tp.partition) == key]
+            if part.out or part.offsets:
+                parts.append(part)
+        return parts
+
+    def part(self, indexes: Iterable[int], dead_letter: str) -> Batch:
+        """These copies alone, with their counts (those the broker took, or one partition's)."""
+        part = Batch()
+        for index in indexes:
+            record = self.out[index]
+            part.add(*self.origins[index], record)
             if record.topic == dead_letter:
                 part.malformed += 1
             elif index in self.late_by:
@@ -45,20 +56,4 @@ class Batch:
                 part.late_by[len(part.out) - 1] = self.late_by[index]
             else:
                 part.hops[record.topic] = part.hops.get(record.topic, 0) + 1
-        for tp in self.offsets:
-            parts[(tp.topic, tp.partition)].offsets.append(tp)
-        return [part for part in parts.values() if part.out or part.offsets]
-
-    def part(self, indexes: Iterable[int], dead_letter: str) -> Batch:
-        """The counts of only these copies (those the broker took)."""
-        part = Batch()
-        for index in indexes:
-            topic = self.out[index].topic
-            if topic == dead_letter:
-                part.malformed += 1
-            elif index in self.late_by:
-                part.delivered[topic] = part.delivered.get(topic, 0) + 1
-                part.late_by[index] = self.late_by[index]
-            else:
-                part.hops[topic] = part.hops.get(topic, 0) + 1
         return part
