@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
 from collections.abc import Sequence
 
 
-def tied_to_parent(command: Sequence[str]) -> list[str]:
-    """`command` run so that the kernel sends it SIGTERM when its parent dies, even by SIGKILL,
-    which atexit handlers cannot cover. setpriv execs the command, so the server keeps the pid
-    it was started with (as do Spark's launcher scripts, so the setting reaches the JVM)."""
+def tied_to_parent(command: Sequence[str],
+                   on_death: signal.Signals = signal.SIGTERM) -> list[str]:
+    """`command` run so that the kernel sends it `on_death` when its parent dies, even by
+    SIGKILL, which atexit handlers cannot cover. setpriv execs the command, so the server keeps
+    the pid it was started with (as do Spark's launcher scripts, so the setting reaches the JVM)."""
     setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    prefix = [setpriv, "--pdeathsig", "SIGTERM", "--"] if setpriv else []
+    prefix = [setpriv, "--pdeathsig", on_death.name, "--"] if setpriv else []
     return [*prefix, *command]

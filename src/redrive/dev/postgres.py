@@ -3,7 +3,10 @@
 It runs the binaries of an installed PostgreSQL (Debian's `postgresql` package keeps them in
 /usr/lib/postgresql/<version>/bin): initdb into a temporary dir, then `postgres` on a free port
 of the loopback address, with trust authentication. PostgreSQL refuses to run as root, so a root
-process runs it as the `postgres` user (which the package creates) and hands it the dir.
+process runs it as the `postgres` user (which the package creates) and hands it the dir. On Linux
+the server gets SIGINT (fast shutdown) if the Python process dies without running its exit
+handlers: smart shutdown (SIGTERM) would wait for sessions of the dead process's own children. The
+data dir is left behind then.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+from redrive.dev.lifetime import tied_to_parent
 from redrive.dev.ports import free_port
 from redrive.errors import RedriveError
 
@@ -102,9 +106,13 @@ class DevPostgres:
             settings += ["-c", "fsync=off", "-c", "synchronous_commit=off",
                          "-c", "full_page_writes=off"]
         log = (self.root / "postgres.log").open("wb")
+        # setpriv sets the parent-death signal after Popen has switched to the server's user (a
+        # switch would clear it). A new session keeps a terminal's Ctrl-C away: stop() ends it.
         self._process = subprocess.Popen(
-            [str(self.bin / "postgres"), "-D", str(data), "-p", str(self.port), *settings],
-            user=self._user, stdout=log, stderr=subprocess.STDOUT)
+            tied_to_parent([str(self.bin / "postgres"), "-D", str(data), "-p", str(self.port),
+                            *settings], signal.SIGINT),
+            user=self._user, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
         log.close()
         _RUNNING.add(self)
         try:
