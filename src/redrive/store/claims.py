@@ -76,6 +76,11 @@ class DueBatch:
 @dataclass
 class Unnotified:
     rows: list[StoredRetry]
+    # When the rows were claimed: their notified_ms is minus this while the claim is theirs. A
+    # notifier that stalled past the claim time may find its rows handed back and claimed by
+    # another scheduler; its marks then change nothing (the two claims never share a time,
+    # see DueBatch.claimed_ms). An empty batch claimed nothing.
+    claimed_ms: int = 0
     done: list[int] = field(default_factory=list)
 
     def notified(self, retry_id: int) -> None:
@@ -167,19 +172,21 @@ def take_unnotified(conn: Connection, limit: int, at: int) -> Unnotified:
            .limit(limit).with_for_update(skip_locked=True).scalar_subquery())
     taken = conn.execute(update(retries).where(c.id.in_(due)).values(notified_ms=-at)
                          .returning(*c)).all()
-    return Unnotified(sorted((StoredRetry.shown(r) for r in taken), key=lambda row: row.id))
+    return Unnotified(sorted((StoredRetry.shown(r) for r in taken), key=lambda row: row.id), at)
 
 
 def mark_notified(conn: Connection, batch: Unnotified, at: int) -> None:
-    """The notified rows marked, the others of the claim handed back."""
+    """The notified rows marked, the others handed back, of those still under the batch's
+    claim."""
     c, dialect = retries.c, conn.dialect.name
+    claimed = c.notified_ms == -batch.claimed_ms
     if batch.done:
-        conn.execute(update(retries).where(one_of(c.id, batch.done, dialect), c.notified_ms < 0)
+        conn.execute(update(retries).where(one_of(c.id, batch.done, dialect), claimed)
                      .values(notified_ms=at))
     done = set(batch.done)
     left = [row.id for row in batch.rows if row.id not in done]
     if left:
-        conn.execute(update(retries).where(one_of(c.id, left, dialect), c.notified_ms < 0)
+        conn.execute(update(retries).where(one_of(c.id, left, dialect), claimed)
                      .values(notified_ms=None))
 
 
