@@ -47,8 +47,19 @@ def describe(row: StoredRetry) -> dict[str, Any]:
     }
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    # Followed, a 301/302/303 turned the POST into a GET with no body, whose 2xx marked the
+    # record notified though the receiver never saw it; a 307/308 failed anyway.
+    def redirect_request(self, *args: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 class Webhook:
-    """POST each dead record's description as JSON to `url`; any non-2xx answer is a failure."""
+    """POST each dead record's description as JSON to `url`; any non-2xx answer is a failure,
+    a redirect too (not followed: point the webhook at where it leads)."""
 
     def __init__(self, url: str, *, timeout_s: float = 10.0) -> None:
         if not url.startswith(("http://", "https://")):
@@ -61,9 +72,12 @@ class Webhook:
         request = urllib.request.Request(self.url, data=body, method="POST",
                                          headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
                 status = int(response.status)
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise WebhookFailed(self.url, f"HTTP {exc.code}, a redirect to "
+                                    f"{exc.headers.get('Location')!r}, not followed") from exc
             raise WebhookFailed(self.url, f"HTTP {exc.code}") from exc
         except (urllib.error.URLError, OSError) as exc:
             raise WebhookFailed(self.url, str(exc)) from exc

@@ -1,12 +1,20 @@
 """Notifications of dead records against a real store (SQLite and PostgreSQL): claims that ran
-out and were taken over."""
+out and were taken over; and a webhook answered with a redirect (a local HTTP server)."""
 
 from __future__ import annotations
 
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
 from sqlalchemy import select
 
 from redrive.clock import now_ms
 from redrive.store import RetryStore, claims
+from redrive.store.notify import Webhook, WebhookFailed
 from redrive.store.schema import DEAD, retries
 
 from .conftest import entry
@@ -49,3 +57,49 @@ def test_a_stalled_notifier_leaves_the_claim_that_took_over_its_rows(store: Retr
     with store.engine.begin() as conn:
         claims.mark_notified(conn, taker, at + CLAIM_MS + 4)
     assert set(notified_marks(store).values()) == {at + CLAIM_MS + 4}
+
+
+@pytest.fixture
+def redirecting() -> Iterator[tuple[str, list[str]]]:
+    """A server that answers a POST to /<status> with that status and Location /moved, and
+    anything to /moved with 200; the requests it saw, as method and path."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path == "/moved":
+                self.send_response(200)
+            else:
+                self.send_response(int(self.path.strip("/")))
+                self.send_header("Location", "/moved")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_webhook_redirect_is_a_failure_not_followed(
+        tmp_path: Path, redirecting: tuple[str, list[str]], status: int) -> None:
+    base, seen = redirecting
+    with RetryStore(tmp_path / "store.db") as store:
+        dead_rows(store, "redirect", 1)
+        [row] = store.find()
+    # Followed, a 301/302/303 became a GET with no body whose 200 counted as notified.
+    with pytest.raises(WebhookFailed, match=rf"HTTP {status}, a redirect to '/moved', not fol"):
+        Webhook(f"{base}/{status}")(row)
+    assert seen == [f"POST /{status}"]
