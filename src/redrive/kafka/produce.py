@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -82,11 +82,12 @@ def produce_confirmed(producer_: Producer, records: Iterable[OutRecord],
         return on_delivery
 
     topics: list[str] = []
-    for index, record in enumerate(records):
-        results.append(None)
-        topics.append(record.topic)
-        produce(producer_, record, callback_for(index, record.topic), shrink=shrink,
-                wait_s=timeout_s)
+    with _queued_delivered_on_error(producer_, timeout_s):
+        for index, record in enumerate(records):
+            results.append(None)
+            topics.append(record.topic)
+            produce(producer_, record, callback_for(index, record.topic), shrink=shrink,
+                    wait_s=timeout_s)
     remaining = _flush(producer_, timeout_s, topics[0] if topics else "<none>")
     if failures:
         raise failures[0]
@@ -115,11 +116,12 @@ def produce_acked(producer_: Producer, records: Iterable[OutRecord],
 
     sent = 0
     first_topic = "<none>"
-    for record in records:
-        if not sent:
-            first_topic = record.topic
-        produce(producer_, record, on_delivery, shrink=shrink, wait_s=timeout_s)
-        sent += 1
+    with _queued_delivered_on_error(producer_, timeout_s):
+        for record in records:
+            if not sent:
+                first_topic = record.topic
+            produce(producer_, record, on_delivery, shrink=shrink, wait_s=timeout_s)
+            sent += 1
     remaining = _flush(producer_, timeout_s, first_topic)
     if failures:
         raise failures[0]
@@ -165,6 +167,21 @@ def produce_each(producer_: Producer, records: Sequence[OutRecord], timeout_s: f
         raise DeliveryFailed(first_topic, None, f"{waiting} record(s) unconfirmed after "
                              f"{timeout_s}s", unanswered=True)
     return outcomes
+
+
+@contextlib.contextmanager
+def _queued_delivered_on_error(producer_: Producer, timeout_s: float) -> Iterator[None]:
+    """Where queueing a run of records fails part way (a record too large, a routing error),
+    wait for those already queued before raising: a caller that runs again (a Spark task's next
+    attempt, a batch run again) then finds them written, instead of their arriving after it
+    looked and being written twice. Not after an outage, whose wait would only double."""
+    try:
+        yield
+    except Exception as exc:
+        if not (isinstance(exc, DeliveryFailed) and exc.unanswered):
+            with contextlib.suppress(Exception):
+                producer_.flush(timeout_s)
+        raise
 
 
 def _flush(producer_: Producer, timeout_s: float, topic: str) -> int:

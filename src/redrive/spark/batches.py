@@ -310,15 +310,17 @@ class BatchBody:
         """Copy failed rows with confirmation; a resumed batch skips copies already written.
         The marks taken before copying are kept in `taken` too, for a run again in this
         process. `failed`, when the batch has counted them, lets few be routed here."""
-        already = self._begin_routing(batch_id, resumed, clock, taken)
+        already, marks = self._begin_routing(batch_id, resumed, clock, taken)
         here = failed is not None and failed <= ROUTE_HERE_MAX
         return tuple(route_rows(rows, self.connection, self.group, self.route_policy,
-                                self.partitions, already, here=here,
+                                self.partitions, already, marks, here=here,
                                 fetched=partial(clock.done, "fetch")))
 
     def _begin_routing(self, batch_id: int, resumed: ledger.Entry | None, clock: StepClock,
-                       taken: dict[str, int]) -> frozenset[ledger.CopyKey]:
-        """Mark the routing in the ledger, or find what a run before this one copied."""
+                       taken: dict[str, int]
+                       ) -> tuple[frozenset[ledger.CopyKey], dict[str, int]]:
+        """Mark the routing in the ledger, or find what a run before this one copied; the
+        marks the batch's copies go after."""
         already, marks = ledger.begin_routing(
             self.connection, self._producer(), self.ledger_topic, batch_id,
             {t: self.partitions.get(t, 0) for t in self.destinations}, resumed, self._names(),
@@ -328,7 +330,7 @@ class BatchBody:
             log.info("pipeline %s: batch %d resumes routing; %d copies already written",
                      self.group, batch_id, len(already))
         clock.done("ledger")
-        return already
+        return already, marks
 
     def _write_sink(self, successes: Any, batch_id: int) -> None:
         F = functions(successes)
@@ -390,8 +392,8 @@ class BatchBody:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         assert self.backend is not None
-        already = (self._begin_routing(batch_id, resumed, clock, taken) if self.destinations
-                   else frozenset())
+        already = (self._begin_routing(batch_id, resumed, clock, taken)[0]
+                   if self.destinations else frozenset())
         routed = failed.mapInArrow(
             partial(tasks.route_batches, policy=self.route_policy, group=self.group,
                     partitions=dict(self.partitions)),

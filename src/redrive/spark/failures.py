@@ -121,15 +121,17 @@ def _require(frame: Any, columns: Iterable[str], why: str) -> None:
 
 def route_rows(rows: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
                partitions: Mapping[str, int], already: frozenset[CopyKey] = frozenset(),
-               *, here: bool = False, fetched: Callable[[], None] | None = None) -> RouteCounts:
+               marks: Mapping[str, int] | None = None, *, here: bool = False,
+               fetched: Callable[[], None] | None = None) -> RouteCounts:
     """Route and produce rows in tasks.ROUTING_COLUMNS and count the routes: on the executors,
     or with `here` in this process, the rows fetched as Arrow (see ROUTE_HERE_MAX), after which
-    `fetched` is called (a batch's step clock)."""
+    `fetched` is called (a batch's step clock). `marks`, the ledger's routing marks, let a task
+    Spark runs again skip the copies its earlier attempt wrote."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     body = tasks.RouteAndProduce(policy, group, dict(partitions),
                                  connection if isinstance(connection, str) else dict(connection),
-                                 already=already)
+                                 already=already, marks=dict(marks or {}))
     if here:
         table = rows.toArrow()
         if fetched is not None:
@@ -171,8 +173,9 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     the query's batches from another query's (a new checkpoint numbers its batches from 0
     again, even at a path where an earlier one was deleted: the query's id in it tells them
     apart; reading it is one small Spark read, about 80 ms here, which a classic session does
-    once a query and Spark Connect once a call). Without them a batch run again copies its
-    failures again, and each is then handled twice.
+    once a query and Spark Connect once a call). Without them a batch run again, or a task
+    Spark runs again after a failure, copies its failures again, and each is then handled
+    twice.
     """
     topics.check_name("group", group)
     check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
@@ -200,9 +203,11 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     admin = kafka.admin(connection)
     partitions = kafka.topic_partitions(admin)
     already: frozenset[CopyKey] = frozenset()
+    marks: dict[str, int] = {}
     if batch_id is not None and query is not None:
-        already = _copied_before(connection, admin, group, policy, partitions, batch_id, query)
-    return route_rows(rows, connection, group, policy, partitions, already)
+        already, marks = _copied_before(connection, admin, group, policy, partitions, batch_id,
+                                        query)
+    return route_rows(rows, connection, group, policy, partitions, already, marks)
 
 
 _BY = "route_failures"  # marks this function's ledger entries apart from RetryPipeline's
@@ -210,19 +215,18 @@ _BY = "route_failures"  # marks this function's ledger entries apart from RetryP
 
 def _copied_before(connection: kafka.Connection, admin: Any, group: str, policy: RetryPolicy,
                    partitions: dict[str, int], batch_id: int,
-                   report: dict[str, str]) -> frozenset[CopyKey]:
+                   report: dict[str, str]) -> tuple[frozenset[CopyKey], dict[str, int]]:
     """The copies an earlier run of this batch of this query (named by `report`) wrote, found
-    through the group's ledger; on a first run, none, once the routing marks are in it."""
+    through the group's ledger (on a first run, none, once the routing marks are in it), and
+    the marks the batch's copies go after."""
     name = ledger.ledger_topic(group)
     if name not in partitions:
         kafka.create_topics(admin, {name: 1})
     previous = ledger.last(connection, name)
     resumed = previous if (previous is not None and previous.batch == batch_id
                            and dict(previous.report) == report) else None
-    already, _ = ledger.begin_routing(connection, cached_producer(connection), name, batch_id,
-                                      _destinations(policy, group, partitions), resumed, report,
-                                      group)
-    return already
+    return ledger.begin_routing(connection, cached_producer(connection), name, batch_id,
+                                _destinations(policy, group, partitions), resumed, report, group)
 
 
 def _destinations(policy: RetryPolicy, group: str, partitions: Mapping[str, int]

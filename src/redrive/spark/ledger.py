@@ -111,9 +111,9 @@ def begin_routing(connection: kafka.Connection, producer: Producer, topic: str, 
     """What a batch does before it copies its failed records. Run again (`resumed` is its own
     routing entry), it finds the copies its earlier run wrote since that entry's marks; else it
     takes the end of every destination partition as its marks and appends them in a routing
-    entry. Returns the copies already written and the marks taken (none when resumed)."""
+    entry. Returns the copies already written and the marks the batch's copies go after."""
     if resumed is not None and resumed.state == ROUTING:
-        return frozenset(copies_since(connection, resumed.marks, group)), {}
+        return frozenset(copies_since(connection, resumed.marks, group)), dict(resumed.marks)
     consumer = kafka.consumer(connection)
     try:
         marks = ends(consumer, destinations)

@@ -6,6 +6,7 @@ function and the policy travel with the task (cloudpickle).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -27,7 +28,7 @@ from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Route, route
 from redrive.spark.gc_pause import gc_paused
-from redrive.spark.ledger import CopyKey, copy_key
+from redrive.spark.ledger import CopyKey, copies_since, copy_key
 from redrive.spark.outcomes import DEAD_LETTER, FAILED, OK, RETRY, SKIPPED
 from redrive.spark.writer import produce_cached
 from redrive.topics import partition_for
@@ -448,9 +449,12 @@ class RouteAndProduce:
     timeout_s: float = 30.0
     # Copies a replayed batch already wrote before it was cut short (see ledger).
     already: frozenset[CopyKey] = frozenset()
+    # The batch's routing marks in the ledger, where its copies start.
+    marks: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         counts: Counter[tuple[str, str | None, int, str | None, str, int]] = Counter()
+        already = self.already | self._written_by_earlier_attempts()
 
         def copies() -> Iterator[kafka.OutRecord]:
             routed: set[Coordinates] = set()
@@ -462,7 +466,7 @@ class RouteAndProduce:
                     counts[(kind, reason, decision.attempt, decision.topic, record.topic,
                             _source_attempt(record, decision))] += 1
                     if decision.topic is not None and not (
-                            self.already and copy_key(decision.headers) in self.already):
+                            already and copy_key(decision.headers) in already):
                         yield kafka.OutRecord(decision.topic, record.value, record.key,
                                               decision.headers, partition)
 
@@ -473,6 +477,16 @@ class RouteAndProduce:
               "source_topic": source, "source_attempt": source_attempt}
              for (kind, reason, attempt, topic, source, source_attempt), n in counts.items()],
             schema=ROUTE_COUNTS_SCHEMA)
+
+    def _written_by_earlier_attempts(self) -> frozenset[CopyKey]:
+        """A task Spark runs again after it failed (a copy refused, an executor lost) would copy
+        again what its earlier attempt had written: those are found after the batch's marks."""
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        if not self.marks or task is None or task.attemptNumber() == 0:
+            return frozenset()
+        return frozenset(copies_since(self.connection, self.marks, self.group))
 
 
 def _source_attempt(record: Record, decision: Route) -> int:

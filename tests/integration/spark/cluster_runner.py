@@ -63,7 +63,36 @@ def pipeline(spark: Any, bootstrap: str, topic: str, group: str, form: str, sink
             "early": stats.early, "finished": stats.finished}
 
 
-JOBS = {"batch": batch, "pipeline": pipeline}
+def route_with_task_retries(spark: Any, bootstrap: str, topic: str, group: str,
+                            checkpoint: str) -> dict[str, Any]:
+    """route_failures over a topic's records, all failed, with a producer that refuses the
+    last as too large: the task fails after the others were copied, and Spark runs it again
+    (a cluster's spark.task.maxFailures is 4) until the job fails."""
+    import pipeline_jobs
+    from pyspark.sql import functions as F
+
+    from redrive.spark import route_failures
+
+    frame = (spark.read.format("redrive-kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", topic).option("includeHeaders", "true").load())
+    error = F.struct(F.lit("ParseError").alias("type"), F.lit("cannot parse").alias("message"))
+    connection = {"bootstrap.servers": bootstrap, "message.max.bytes": 3000}
+    context = spark.sparkContext
+    context.setJobGroup(group, "route_with_task_retries")
+    raised = None
+    try:
+        route_failures(frame.withColumn("error", error), connection, group,
+                       pipeline_jobs.POLICY, batch_id=0, checkpoint=checkpoint)
+    except Exception as exc:
+        raised = f"{type(exc).__name__}: {exc}"
+    tracker = context.statusTracker()
+    stages = [stage for job in tracker.getJobIdsForGroup(group)
+              for stage in tracker.getJobInfo(job).stageIds]
+    return {"raised": raised, "failed_tasks": sum(tracker.getStageInfo(stage).numFailedTasks
+                                                  for stage in stages)}
+
+
+JOBS = {"batch": batch, "pipeline": pipeline, "route_with_task_retries": route_with_task_retries}
 
 
 def main() -> int:

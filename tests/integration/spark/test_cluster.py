@@ -15,6 +15,7 @@ import pytest
 from redrive import headers as h
 from redrive import kafka
 
+from .conftest import query_checkpoint
 from .test_pipeline import read_all
 from .test_spark_source import produce
 
@@ -69,3 +70,24 @@ def test_a_pipeline_retries_and_dead_letters_on_the_cluster(
     # the function's class is named with its module, the transform's as its column says
     assert {h.last(kafka.message_headers(m), h.ERROR_TYPE) for m in dead} == {
         b"ParseError" if form == "transform" else b"pipeline_jobs.ParseError"}
+
+
+def test_a_task_spark_runs_again_copies_only_what_its_earlier_attempt_did_not(
+        cluster_spark: Any, bootstrap: str, new_topic: Any, unique_name: Any,
+        tmp_path: Path) -> None:
+    topic = new_topic(1)
+    group = unique_name("cluster-task-retry")
+    dead_letters = f"{topic}.{group}.dlt"
+    kafka.create_topics(kafka.admin(bootstrap), {dead_letters: 1})
+    kafka.produce_confirmed(kafka.producer(bootstrap), [
+        *(kafka.OutRecord(topic, f"bad:{i}".encode(), f"k{i}".encode()) for i in range(3)),
+        kafka.OutRecord(topic, b"bad:" + b"x" * 5000, b"too-large")])
+    result = cluster_spark.run("route_with_task_retries", bootstrap=bootstrap, topic=topic,
+                               group=group, checkpoint=query_checkpoint(tmp_path / "cp"))
+    # Spark ran the task four times; each attempt failed on the record too large to copy
+    assert "RecordTooLarge" in result["raised"]
+    assert result["failed_tasks"] == 4
+    # the first attempt's copies, and no attempt's again
+    dead = read_all(bootstrap, dead_letters)
+    assert sorted(m.key() for m in dead) == [b"k0", b"k1", b"k2"]
+    assert {h.last(kafka.message_headers(m), h.ATTEMPT) for m in dead} == {b"1"}
