@@ -13,7 +13,7 @@ from redrive.delay import Tiers
 from redrive.errors import InvalidArgument
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Delivery, Origin, Record
-from redrive.routing import Retry
+from redrive.routing import DeadLetter, Retry
 from redrive.store import RetryStore, StoreBackend
 
 
@@ -116,6 +116,21 @@ def test_a_copy_from_an_earlier_policys_retry_topic_goes_back_to_its_main_topic(
         out = bound.failed(record, decision, {"redrive.delay.1s": 1})
         assert out is not None and out.topic == "redrive.delay.1s"
         assert h.last(out.headers, h.TARGET) == target.encode()
+
+
+@given(due_in_ms=st.integers(-60_000, 60_000), dead=st.booleans())
+def test_every_copy_the_delay_queue_makes_goes_to_one_of_its_copy_topics(
+        due_in_ms: int, dead: bool) -> None:
+    """The Spark ledger looks for a resumed batch's copies in copy_topics: one written
+    elsewhere (a retry already due goes straight back to its main topic) would be copied
+    again."""
+    bound = DelayQueue(Tiers.parse("1s,10s")).bind("billing")
+    plans = {"orders": topics.plan(RetryPolicy(), "orders", "billing")}
+    record = Record("orders", 0, 5, 1, b"k", b"v", [], Delivery())
+    decision = (DeadLetter("orders.billing.dlt", [], "exhausted", 3, 0) if dead
+                else Retry("ignored", now_ms() + due_in_ms, [], 1, 0))
+    out = bound.failed(record, decision, {})
+    assert out is not None and out.topic in bound.copy_topics(plans)
 
 
 def test_a_retry_topics_wait_is_its_delay_stretched_by_the_jitter() -> None:

@@ -79,8 +79,9 @@ class _DelayQueueBound(BoundBackend):
                                          "first")
 
     def copy_topics(self, plans: Mapping[str, topics.TopicPlan]) -> list[str]:
-        return [*self.tiers.topics, *(plan.dead_letter for plan in plans.values()
-                                      if plan.dead_letter is not None)]
+        # A copy already due when it is made goes straight back to its main topic.
+        return [*self.tiers.topics, *(plan.topic for plan in plans.values()),
+                *(plan.dead_letter for plan in plans.values() if plan.dead_letter is not None)]
 
     def waits(self, plans: Mapping[str, topics.TopicPlan]) -> dict[str, int]:
         return self.tiers.waits
