@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from redrive import kafka
-from redrive.dev.brokers import DevBroker, DevBrokerError
+from redrive.dev.brokers import DevBroker, DevBrokerError, binary_path
 from redrive.errors import BrokerUnavailable
 
 pytestmark = pytest.mark.integration
@@ -227,6 +227,86 @@ def test_module_entry_point_serves_until_sigterm(tmp_path: Path) -> None:
     finally:
         serving.kill()
         serving.wait()
+
+
+def script(path: Path, body: str) -> Path:
+    path.write_text(f"#!/bin/sh\n{body}")
+    path.chmod(0o755)
+    return path
+
+
+def read_pid(path: Path, timeout_s: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if text.endswith("\n"):
+            return int(text)
+        time.sleep(0.05)
+    raise AssertionError(f"no pid in {path} after {timeout_s}s")
+
+
+def kill_if_alive(pid: int) -> None:
+    if process_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_stop_ends_the_brokers_a_wrapper_script_started(tmp_path: Path) -> None:
+    real = binary_path("tansu")
+    pid_file = tmp_path / "broker.pid"
+    wrapper = script(tmp_path / "tansu-wrapper", f'"{real}" "$@" &\necho $! > {pid_file}\nwait\n')
+    dev = DevBroker("tansu", data_dir=tmp_path, binary=wrapper).start()
+    broker_pid = read_pid(pid_file)
+    try:
+        dev.stop()
+        assert process_gone(broker_pid), f"the wrapper's broker (pid {broker_pid}) outlived stop()"
+        with pytest.raises(BrokerUnavailable):
+            kafka.check_reachable(dev.bootstrap, timeout_s=1)
+    finally:
+        kill_if_alive(broker_pid)
+
+
+def test_a_start_that_fails_kills_what_the_broker_started(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    never_ready = script(tmp_path / "never-ready", f"sleep 300 &\necho $! > {pid_file}\n"
+                                                   "exec sleep 300\n")
+    dev = DevBroker("noida-db", data_dir=tmp_path, binary=never_ready)
+    with pytest.raises(DevBrokerError, match="did not become ready"):
+        dev.start(timeout_s=1)
+    child_pid = read_pid(pid_file)
+    try:
+        assert process_gone(child_pid), f"the broker's child (pid {child_pid}) outlived kill()"
+    finally:
+        kill_if_alive(child_pid)
+
+
+SERVE_SCRIPT = """
+import sys
+from pathlib import Path
+from redrive.dev import brokers
+brokers.binary_path = lambda kind: Path(sys.argv[1])
+brokers.serve("noida-db", None, sys.argv[2], timeout_s=60)
+"""
+
+
+def test_serve_stopped_by_sigterm_while_the_broker_starts_stops_at_once(tmp_path: Path) -> None:
+    pid_file = tmp_path / "broker.pid"
+    slow = script(tmp_path / "slow-broker", f"echo $$ > {pid_file}\nexec sleep 300\n")
+    serving = subprocess.Popen([sys.executable, "-c", SERVE_SCRIPT, str(slow), str(tmp_path)],
+                               stdout=subprocess.PIPE, text=True)
+    broker_pid = 0
+    try:
+        broker_pid = read_pid(pid_file)
+        time.sleep(0.5)  # inside the ready wait
+        serving.send_signal(signal.SIGTERM)
+        out, _ = serving.communicate(timeout=10)
+        assert serving.returncode == 0
+        assert "stopped noida-db before it was ready" in out
+        assert process_gone(broker_pid)
+    finally:
+        serving.kill()
+        serving.wait()
+        if broker_pid:
+            kill_if_alive(broker_pid)
 
 
 # --- Tansu ------------------------------------------------------------------------------------

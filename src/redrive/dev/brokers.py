@@ -3,8 +3,9 @@
 For tests and the demo only; redrive never starts a broker in production. A broker is ready only
 once it answers Kafka metadata, creates a topic and acknowledges a produced record, so a test that
 starts one can use it at once. Each runs in its own process with its output in a log file inside
-its data dir; processes still running when Python exits are stopped, and on Linux a broker also
-gets SIGTERM if the Python process dies without running its exit handlers.
+its data dir and in its own process group, which stopping signals as a whole (a wrapper script's
+children with it); processes still running when Python exits are stopped, and on Linux a broker
+also gets SIGTERM if the Python process dies without running its exit handlers.
 
 Run one in the foreground with ``python -m redrive.dev.brokers --kind noida-db --port 9092``.
 """
@@ -31,7 +32,7 @@ from typing import Any, Literal, cast, get_args
 from confluent_kafka import KafkaException
 
 from redrive import kafka
-from redrive.dev.lifetime import tied_to_parent
+from redrive.dev.lifetime import group_alive, signal_group, tied_to_parent
 from redrive.dev.ports import HOST, free_port, port_in_use
 from redrive.errors import BrokerUnavailable, RedriveError
 from redrive.signals import stop_on_signals
@@ -40,6 +41,8 @@ Kind = Literal["noida-db", "tansu"]
 KINDS: tuple[str, ...] = get_args(Kind)
 READY_TOPIC = "_redrive_devbroker_ready"
 STOP_GRACE_S = 10.0
+# After the broker has gone, how long the rest of its process group gets to follow before SIGKILL.
+LEFTOVER_GRACE_S = 5.0
 DEFAULT_DATA_ROOT = Path(".redrive") / "dev-broker"
 LOG_TAIL_CHARS = 2000
 
@@ -50,6 +53,10 @@ _CLIENT_LOG.addHandler(logging.NullHandler())
 
 class DevBrokerError(RedriveError):
     """A development broker could not be found, started or kept running."""
+
+
+class DevBrokerCancelled(DevBrokerError):
+    """start() gave up because its cancel event was set; the broker was stopped."""
 
 
 def check_kind(kind: str) -> Kind:
@@ -145,8 +152,12 @@ class DevBroker:
         state = f"pid {self.pid}" if self.running else "stopped"
         return f"DevBroker({self.kind!r}, {self.bootstrap}, {state}, data_dir={self.data_dir})"
 
-    def start(self, timeout_s: float = 30.0) -> DevBroker:
-        """Launch the broker and return once it serves metadata, topic creation and produce."""
+    def start(self, timeout_s: float = 30.0, *,
+              cancel: threading.Event | None = None) -> DevBroker:
+        """Launch the broker and return once it serves metadata, topic creation and produce.
+
+        cancel set while the broker is not yet answering stops it and raises DevBrokerCancelled.
+        """
         if timeout_s <= 0:
             raise ValueError(f"invalid timeout_s={timeout_s!r}: must be > 0")
         if self.running:
@@ -154,34 +165,42 @@ class DevBroker:
                                  f"(pid {self.pid})")
         self._launch()
         try:
-            self._wait_ready(time.monotonic() + timeout_s, timeout_s)
+            self._wait_ready(time.monotonic() + timeout_s, timeout_s, cancel or threading.Event())
+        except DevBrokerCancelled:
+            self.stop()
+            raise
         except BaseException:
             self.kill()
             raise
         return self
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM, then SIGKILL if the broker has not exited after grace_s."""
+        """SIGTERM the process group, then SIGKILL it when the broker has not exited after grace_s
+        or the rest of the group has not followed it within LEFTOVER_GRACE_S."""
         process = self._process
         if process is None:
             return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        group = process.pid
+        signal_group(group, signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            signal_group(group, signal.SIGKILL)
+            process.wait()
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        while group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        signal_group(group, signal.SIGKILL)
         self._forget()
 
     def kill(self) -> None:
-        """SIGKILL with no chance to flush: a crash, for tests of what survives one."""
+        """SIGKILL to the process group, with no chance to flush: a crash, for tests of what
+        survives one."""
         process = self._process
         if process is None:
             return
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        signal_group(process.pid, signal.SIGKILL)
+        process.wait()
         self._forget()
 
     def pause(self, seconds: float) -> None:
@@ -190,11 +209,11 @@ class DevBroker:
         process = self._process
         if process is None or process.poll() is not None:
             raise DevBrokerError(f"{self.kind} broker is not running: nothing to pause")
-        process.send_signal(signal.SIGSTOP)
+        signal_group(process.pid, signal.SIGSTOP)
         try:
             time.sleep(seconds)
         finally:
-            process.send_signal(signal.SIGCONT)
+            signal_group(process.pid, signal.SIGCONT)
 
     def restart(self, timeout_s: float = 30.0) -> DevBroker:
         """Stop and start again on the same port and data dir (Tansu forgets everything)."""
@@ -238,8 +257,8 @@ class DevBroker:
             raise DevBrokerError(f"{self.kind} binary at {self.binary} is not executable "
                                  f"(chmod +x {self.binary})")
 
-    def _wait_ready(self, deadline: float, timeout_s: float) -> None:
-        self._wait_answering(deadline, timeout_s)
+    def _wait_ready(self, deadline: float, timeout_s: float, cancel: threading.Event) -> None:
+        self._wait_answering(deadline, timeout_s, cancel)
         try:
             self._prove_writable(deadline)
         except (KafkaException, RedriveError) as exc:
@@ -247,8 +266,12 @@ class DevBroker:
                                              f"{exc}") from exc
         self._raise_if_exited()
 
-    def _wait_answering(self, deadline: float, timeout_s: float) -> None:
+    def _wait_answering(self, deadline: float, timeout_s: float,
+                        cancel: threading.Event) -> None:
         while True:
+            if cancel.is_set():
+                raise DevBrokerCancelled(f"{self.kind} on {self.bootstrap}: start cancelled "
+                                         "before the broker was ready")
             self._raise_if_exited()
             remaining = deadline - time.monotonic()
             try:
@@ -257,7 +280,7 @@ class DevBroker:
             except BrokerUnavailable as exc:
                 if remaining <= 0:
                     raise self._not_ready(timeout_s, str(exc)) from exc
-            time.sleep(0.1)
+            cancel.wait(0.1)
 
     def _prove_writable(self, deadline: float) -> None:
         remaining_s = max(1.0, deadline - time.monotonic())
@@ -275,7 +298,6 @@ class DevBroker:
     def _raise_if_exited(self) -> None:
         process = self._process
         if process is not None and process.poll() is not None:
-            self._forget()
             raise DevBrokerError(
                 f"{self.kind} exited with code {process.returncode} before answering on "
                 f"{self.bootstrap} (binary {self.binary}); {self._log_tail()}")
@@ -314,7 +336,11 @@ def serve(kind: str = "noida-db", port: int | None = 9092, data_dir: Path | str 
 
 def _serve(broker: DevBroker, stop_requested: threading.Event, timeout_s: float) -> None:
     try:
-        broker.start(timeout_s)
+        try:
+            broker.start(timeout_s, cancel=stop_requested)
+        except DevBrokerCancelled:
+            print(f"stopped {broker.kind} before it was ready", flush=True)
+            return
         print(f"{broker.kind} ready (pid {broker.pid}, data dir {broker.data_dir}, "
               f"log {broker.log_path}); stop with Ctrl-C", flush=True)
         print(f"bootstrap.servers={broker.bootstrap}", flush=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import sys
@@ -16,3 +18,17 @@ def tied_to_parent(command: Sequence[str],
     setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
     prefix = [setpriv, "--pdeathsig", on_death.name, "--"] if setpriv else []
     return [*prefix, *command]
+
+
+def signal_group(group: int, signum: signal.Signals) -> None:
+    """`signum` to every process of `group`; one already gone (or never ours) is no error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signum)
+
+
+def group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True

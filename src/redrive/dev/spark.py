@@ -16,7 +16,6 @@ every interface and collide between two test runs.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import importlib.util
 import json
 import os
@@ -32,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from redrive.dev.lifetime import tied_to_parent
+from redrive.dev.lifetime import group_alive, signal_group, tied_to_parent
 from redrive.dev.ports import HOST, free_port, port_in_use
 from redrive.errors import RedriveError
 
@@ -170,31 +169,18 @@ class SparkProcess:
         if process is None:
             return
         group = process.pid
-        _signal_group(group, signal.SIGTERM)
+        signal_group(group, signal.SIGTERM)
         try:
             process.wait(grace_s)
         except subprocess.TimeoutExpired:
-            _signal_group(group, signal.SIGKILL)
+            signal_group(group, signal.SIGKILL)
             process.wait()
         deadline = time.monotonic() + LEFTOVER_GRACE_S
-        while _group_alive(group) and time.monotonic() < deadline:
+        while group_alive(group) and time.monotonic() < deadline:
             time.sleep(0.1)
-        _signal_group(group, signal.SIGKILL)
+        signal_group(group, signal.SIGKILL)
         self._process = None
         _RUNNING.discard(self)
-
-
-def _signal_group(group: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, signum)
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 def _check_ports_free(name: str, ports: Sequence[int]) -> None:
