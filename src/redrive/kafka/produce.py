@@ -50,7 +50,11 @@ def produce(producer_: Producer, record: OutRecord,
                                          f"the producer's queue stayed full for {wait_s:g}s: "
                                          "the brokers are not taking records",
                                          unanswered=True) from None
-            producer_.poll(0.05)
+            # Serving the reports that free the queue is where librdkafka raises a fatal error
+            # met meanwhile (a broker restart that lost the idempotence state, after an outage
+            # filled the queue).
+            with _failed_for_good(record.topic):
+                producer_.poll(0.05)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if not (isinstance(error, KafkaError)
@@ -186,17 +190,24 @@ def _queued_delivered_on_error(producer_: Producer, timeout_s: float) -> Iterato
 
 def _flush(producer_: Producer, timeout_s: float, topic: str) -> int:
     """Wait for every delivery report; what is still queued after the timeout."""
-    try:
+    with _failed_for_good(topic):
         remaining: int = producer_.flush(timeout_s)
+    return remaining
+
+
+@contextlib.contextmanager
+def _failed_for_good(topic: str) -> Iterator[None]:
+    """Around a call that serves delivery reports (poll, flush): a fatal error met there reaches
+    Python as a SystemError caused by it (seen after a noida-db SIGKILL and restart), which
+    callers would not take for a failed producer: raised as DeliveryFailed(fatal=True)."""
+    try:
+        yield
     except SystemError as exc:
-        # A fatal error met while serving delivery reports reaches Python as a SystemError
-        # caused by it (seen after a noida-db SIGKILL and restart): said as what it is.
         if not producer_failed(exc):
             raise
         drop_stack(exc)
         raise DeliveryFailed(topic, None, f"the producer failed for good: "
                              f"{exc.__cause__ or exc}", fatal=True) from exc
-    return remaining
 
 
 # Codes of a producer failed for good, whether or not the error says fatal(): a record refused
