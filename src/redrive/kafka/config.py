@@ -34,6 +34,23 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = {
 }
 
 
+# Settings the guarantees rest on, and why an override may not turn them off. acks all: a
+# delivery report says the broker has the copy, so the offsets behind it may be committed.
+# Idempotence: producer retries neither duplicate nor reorder copies. No automatic commit or
+# offset store: an offset is committed only for what was finished or routed.
+_ACKS = ("acks", "request.required.acks")
+_REQUIRED_PRODUCER = {
+    "enable.idempotence": (True, "producer retries could then duplicate or reorder the retry "
+                                 "and dead-letter copies"),
+}
+_REQUIRED_CONSUMER = {
+    "enable.auto.commit": (False, "redrive commits only the offsets of records it finished or "
+                                  "routed, never on a timer"),
+    "enable.auto.offset.store": (False, "redrive stores only the offsets of records it finished "
+                                        "or routed"),
+}
+
+
 def client_config(connection: Connection,
                   overrides: Mapping[str, Any] | None = None) -> ClientConfig:
     """A librdkafka config from a bootstrap address or a user config, with overrides on top."""
@@ -53,6 +70,14 @@ def client_config(connection: Connection,
 
 def producer_config(connection: Connection, *, transactional_id: str | None = None,
                     overrides: Mapping[str, Any] | None = None) -> ClientConfig:
+    """Raises InvalidArgument for an override of acks other than all, or of idempotence off."""
+    for name in _ACKS:
+        value = (overrides or {}).get(name, "all")
+        if str(value).lower() not in ("all", "-1"):
+            raise InvalidArgument(name, value, "redrive needs acks=all: a delivery report must "
+                                  "mean the brokers have the copy before the offsets behind it "
+                                  "are committed")
+    _check_required(overrides, _REQUIRED_PRODUCER)
     config = client_config(connection, {**PRODUCER_DEFAULTS, **(overrides or {})})
     if transactional_id is not None:
         config["transactional.id"] = transactional_id
@@ -61,6 +86,9 @@ def producer_config(connection: Connection, *, transactional_id: str | None = No
 
 def consumer_config(connection: Connection, group_id: str | None = None,
                     overrides: Mapping[str, Any] | None = None) -> ClientConfig:
+    """Raises InvalidArgument for an override that turns on automatic commits or offset
+    stores."""
+    _check_required(overrides, _REQUIRED_CONSUMER)
     config = client_config(connection, {**CONSUMER_DEFAULTS, **(overrides or {})})
     if group_id is not None:
         config["group.id"] = group_id
@@ -68,6 +96,25 @@ def consumer_config(connection: Connection, group_id: str | None = None,
         # librdkafka needs a group id even for assign-only consumers that never commit.
         config["group.id"] = "redrive-unused"
     return config
+
+
+def _check_required(overrides: Mapping[str, Any] | None,
+                    required: Mapping[str, tuple[bool, str]]) -> None:
+    for name, (needed, why) in required.items():
+        if overrides is not None and name in overrides \
+                and _flag(overrides[name]) is not needed:
+            raise InvalidArgument(name, overrides[name], f"redrive needs {name}="
+                                  f"{str(needed).lower()}: {why}")
+
+
+def _flag(value: Any) -> bool | None:
+    """A boolean setting's value as librdkafka reads it; None for what it would refuse."""
+    text = str(value).lower()
+    if text in ("true", "t", "1"):
+        return True
+    if text in ("false", "f", "0"):
+        return False
+    return None
 
 
 def producer(connection: Connection, *, transactional_id: str | None = None,
