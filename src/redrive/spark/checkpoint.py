@@ -16,6 +16,7 @@ afresh at the same path has a new id, so its first call reads the metadata again
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from redrive.errors import InvalidArgument
@@ -49,8 +50,13 @@ def _running_query(spark: Any) -> str | None:
     return running if isinstance(running, str) and running else None
 
 
+# What Hadoop reads as a glob in a path given to a read; a checkpointLocation takes them as
+# they are (`cp[1]` would otherwise read `cp1`'s metadata, another query's).
+_GLOB = re.compile(r"([\\{}\[\]*?^])")
+
+
 def _read(spark: Any, checkpoint: str) -> str:
-    path = checkpoint.rstrip("/") + "/metadata"
+    path = _GLOB.sub(r"\\\1", checkpoint.rstrip("/")) + "/metadata"
     try:
         rows = spark.read.text(path).limit(1).collect()
     except Exception as exc:  # Spark's errors have no common base across Connect and classic
