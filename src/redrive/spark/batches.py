@@ -46,7 +46,7 @@ from redrive.spark.outcomes import (
     Routed,
     StepClock,
 )
-from redrive.spark.sql import functions, hold, lost_held_rows, release
+from redrive.spark.sql import error_set, functions, hold, lost_held_rows, quoted, release
 from redrive.spark.tally import BatchTally
 from redrive.spark.writer import cached_producer, drop_cached_producers
 
@@ -252,9 +252,9 @@ class BatchBody:
             # Kept, so that routing copies exactly the rows the write left out: a transform
             # need not give the same errors twice (a call to a service, a random sample).
             output = tally.observe_output(self.transform(admitted), self.error_column).persist()
-            error = F.col(self.error_column)
             try:
-                self._write_sink(output.where(error.isNull()).drop(self.error_column), batch_id)
+                self._write_sink(output.where(~error_set(output, self.error_column))
+                                 .drop(self.error_column), batch_id)
             except Exception as exc:
                 if lost_held_rows(exc):
                     raise  # not the records' doing: the batch runs again persisted
@@ -280,7 +280,7 @@ class BatchBody:
                                            tallied.failed + bad + len(unfit)))
                 clock.done("route")
             if self.backend is not None:
-                failed = output.where(error.isNotNull()).select(*IDENTITY)
+                failed = output.where(error_set(output, self.error_column)).select(*IDENTITY)
                 # From the held rows, not the observed ones: the tally counts the write alone.
                 copies = _without(held.where(mine & ~malformed & _has_redrive(F)), left_out)
                 for record in _records(copies.join(failed, list(IDENTITY), "left_anti")):
@@ -364,7 +364,7 @@ class BatchBody:
         try:
             spark.sql(f"INSERT OVERWRITE TABLE {table} PARTITION ({QUERY_COLUMN} = "
                       f"'{self.query['id']}', {BATCH_COLUMN} = {int(batch_id)}) "
-                      f"SELECT {', '.join(map(_quoted, columns))} FROM {view}")
+                      f"SELECT {', '.join(map(quoted, columns))} FROM {view}")
         finally:
             spark.catalog.dropTempView(view)
 
@@ -538,6 +538,3 @@ def _sink_columns(sink: str, table: Sequence[str], output: Sequence[str]) -> lis
                               f"not in the table {[by_name[name] for name in extra]}")
     return [by_name[name.lower()] for name in wanted]
 
-
-def _quoted(column: str) -> str:
-    return "`" + column.replace("`", "``") + "`"

@@ -25,7 +25,7 @@ from redrive.spark.checkpoint import query_id
 from redrive.spark.columns import REDRIVE_COLUMN
 from redrive.spark.ledger import CopyKey
 from redrive.spark.outcomes import DEAD_LETTER, RETRY, Routed
-from redrive.spark.sql import functions
+from redrive.spark.sql import error_set, functions, quoted
 from redrive.spark.writer import cached_producer
 
 IDENTITY = ("topic", "partition", "offset")
@@ -90,8 +90,8 @@ def routing_rows(frame: Any, error_column: str | None, source: Any = None) -> An
     if error_column is None:
         failed, error_type, error_message = F.lit(False), F.lit(""), F.lit("")
     else:
-        error = F.col(error_column)
-        failed = error.isNotNull()
+        error = F.col(quoted(error_column))
+        failed = error_set(frame, error_column)
         error_type = F.coalesce(error.getField("type"), F.lit(""))
         error_message = F.coalesce(error.getField("message"), F.lit(""))
     if REDRIVE_COLUMN in frame.columns:

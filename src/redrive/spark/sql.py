@@ -58,6 +58,20 @@ def observed(observation_: Any) -> dict[str, Any] | None:
 
 
 
+def quoted(column: str) -> str:
+    """A column's name as Spark reads it literally: unquoted, `a.b` is field b of column a."""
+    return "`" + column.replace("`", "``") + "`"
+
+
+def error_set(frame: Any, error_column: str) -> Any:
+    """Whether a row's error column says it failed: not null, and not a struct whose type and
+    message are both null, which is what `struct(when(bad, ...), when(bad, ...))` makes of a
+    row that did not fail."""
+    error = functions(frame).col(quoted(error_column))
+    return error.isNotNull() & (error.getField("type").isNotNull()
+                                | error.getField("message").isNotNull())
+
+
 def hold(frame: Any, *, as_rows: bool = True) -> Any:
     """`frame`, kept by the first action over it for the actions after.
 

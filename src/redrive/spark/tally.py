@@ -20,7 +20,7 @@ from typing import Any
 
 from redrive.spark.columns import REDRIVE_COLUMN
 from redrive.spark.outcomes import FAILED, OK, SAMPLE, SKIPPED
-from redrive.spark.sql import functions, observation, observed
+from redrive.spark.sql import error_set, functions, observation, observed
 
 _STATUSES = (OK, FAILED, SKIPPED)
 
@@ -78,7 +78,7 @@ class BatchTally:
             return output
         F = self._F
         return output.observe(self._of_output,
-                              F.count_if(F.col(error_column).isNotNull()).alias("errors"))
+                              F.count_if(error_set(output, error_column)).alias("errors"))
 
     def result(self, frame: Any, output: Any, error_column: str) -> Tally:
         """The observed tally, or one counted by a job when there is none."""
@@ -113,7 +113,7 @@ class BatchTally:
                                  "topic")
                    .agg(F.count(F.lit(1)).alias("n"), F.count_if(self._early).alias("early"),
                         F.slice(F.collect_list(self._late), 1, SAMPLE).alias("late")))
-        errors = (output.where(F.col(error_column).isNotNull())
+        errors = (output.where(error_set(output, error_column))
                   .agg(F.count(F.lit(1)).alias("n"))
                   .select(F.lit(-1).alias("status"), F.lit(None).cast("int").alias("attempt"),
                           F.lit(None).cast("string").alias("topic"), "n",

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from redrive.errors import InvalidArgument
-from redrive.spark.batches import _quoted, _sink_columns
+from redrive.spark.batches import _sink_columns
 from redrive.spark.pipeline import check_local_sink
+from redrive.spark.sql import quoted
 
 LOCAL = "file:///"  # Hadoop's default file system on a local session
 
@@ -54,4 +55,4 @@ def test_a_sink_tables_columns_take_the_outputs_by_name_in_the_tables_order() ->
                        r"\['Offset', 'key'\] are not the output's \['key', 'extra'\]: "
                        r"missing from the output \['Offset'\], not in the table \['extra'\]"):
         _sink_columns("t", table, ["key", "extra"])
-    assert _quoted("we`ird") == "`we``ird`"
+    assert quoted("we`ird") == "`we``ird`"
