@@ -30,12 +30,12 @@ _MESSAGES = frozenset({h.ERROR_MESSAGE, SPRING_EXCEPTION + "message"})
 def slimmed(record: OutRecord) -> OutRecord:
     """`record` with its error trace and message cut, or RecordTooLarge if nothing is left to
     cut (the producer refused it as it is)."""
-    cut: list[tuple[str, bytes]] = []
+    cut: list[tuple[str, bytes | None]] = []
     changed = False
     for name, value in record.headers:
         if name in _TRACES and value != CUT_NOTE:
             value, changed = CUT_NOTE, True
-        elif name in _MESSAGES and len(value or b"") > MESSAGE_KEPT:
+        elif name in _MESSAGES and value is not None and len(value) > MESSAGE_KEPT:
             value, changed = _shortened(value), True
         cut.append((name, value))
     if not changed:
@@ -50,10 +50,11 @@ def _shortened(message: bytes) -> bytes:
     return kept.decode("utf-8", "ignore").encode() + _ELLIPSIS
 
 
-def _origin(headers: Sequence[tuple[str, bytes]]) -> str | None:
+def _origin(headers: Sequence[tuple[str, bytes | None]]) -> str | None:
     """Where the copied record was first read, as topic[partition]@offset, if its headers say."""
     found = {name: value for name, value in headers
-             if name in (h.ORIGINAL_TOPIC, h.ORIGINAL_PARTITION, h.ORIGINAL_OFFSET)}
+             if name in (h.ORIGINAL_TOPIC, h.ORIGINAL_PARTITION, h.ORIGINAL_OFFSET)
+             and value is not None}
     if len(found) < 3:
         return None
     try:

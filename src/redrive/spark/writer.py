@@ -122,7 +122,8 @@ def _records(batches: Iterator[pa.RecordBatch],
             if not topic:
                 raise WriterInputError("topic", topics[i],
                                        "a row has no topic and no default_topic was given")
-            headers = [(_header_name(entry["key"]), _as_bytes(entry["value"]) or b"")
+            # A null value stays null, as Kafka and Spark's own Kafka sink keep it.
+            headers = [(_header_name(entry["key"]), _as_bytes(entry["value"]))
                        for entry in header_lists[i] or ()]
             yield kafka.OutRecord(topic=topic, value=_as_bytes(values[i]),
                                   key=_as_bytes(keys[i]), headers=headers,

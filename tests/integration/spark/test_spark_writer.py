@@ -64,6 +64,16 @@ def test_round_trip_keeps_headers_byte_for_byte(spark: Any, bootstrap: str,
         assert message.partition() == partition
 
 
+def test_a_null_header_value_stays_null(spark: Any, bootstrap: str, new_topic: Any) -> None:
+    """As Kafka and Spark's own Kafka sink keep it: null and empty are two values."""
+    topic = new_topic()
+    frame = spark.createDataFrame(
+        [(b"k", b"v", None, [("absent", None), ("empty", b""), ("x", b"1")], 0)], ROW_SCHEMA)
+    assert write_to_kafka(frame, bootstrap, default_topic=topic) == 1
+    [message] = read_all(bootstrap, topic, 1)
+    assert message.headers() == [("absent", None), ("empty", b""), ("x", b"1")]
+
+
 def test_topic_column_and_text_values(spark: Any, bootstrap: str, new_topic: Any) -> None:
     first, second = new_topic(1), new_topic(1)
     frame = spark.createDataFrame([(first, "a"), (second, "b"), (first, "c")],
