@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import socket
 from pathlib import Path
@@ -11,6 +13,9 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 # Below the ephemeral range, so that no outgoing connection can take the port.
 LOWEST = 10_000
 TRIES = 500
+PROC = Path("/proc")
+# A socket's state in /proc/net/tcp: TCP_LISTEN.
+LISTEN = "0A"
 
 # A port handed out is not handed out again in this process, even if its server has not bound
 # it yet: the Spark cluster asks for four ports before any of its servers starts.
@@ -65,3 +70,34 @@ def port_in_use(port: int) -> OSError | None:
         except OSError as exc:
             return exc
     return None
+
+
+def held_by(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds a TCP socket listening on `port`: something that accepts on
+    the port may be another process's server. None where /proc cannot tell (not Linux, or a
+    process of another user)."""
+    listeners: set[str] = set()
+    tables = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (PROC / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        tables += 1
+        for row in rows:
+            fields = row.split()
+            if fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                listeners.add(f"socket:[{fields[9]}]")
+    if not tables:
+        return None
+    try:
+        fds = list((PROC / str(pid) / "fd").iterdir())
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in listeners:
+                return True
+    return False

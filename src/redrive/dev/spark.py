@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any
 
 from redrive.dev.lifetime import group_alive, signal_group, tied_to_parent
-from redrive.dev.ports import HOST, free_port, port_in_use
+from redrive.dev.ports import HOST, free_port, held_by, port_in_use
 from redrive.errors import RedriveError
 
 STOP_GRACE_S = 30.0
@@ -42,7 +42,9 @@ LOG_TAIL_CHARS = 3000
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-CONNECT_STARTED = "Spark Connect server started at"
+# Logged at INFO only, so not with the server's default spark.log.level.
+_CONNECT_STARTED = re.compile(r"Spark Connect server started at:? \S*:(\d+)")
+_SERVICE_BOUND = re.compile(r"Successfully started service '([^']+)' on port (\d+)")
 # Variables that would turn the JVM's own Python workers into Connect clients of something else,
 # or point spark-submit at another master.
 CLIENT_ONLY_ENV = ("SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED",
@@ -108,6 +110,9 @@ class SparkProcess:
         self.log_path = log_path
         self.cwd = cwd
         self._process: subprocess.Popen[bytes] | None = None
+        # Where this launch's lines begin: the log is appended to, and an earlier run's lines
+        # must not count for this one.
+        self._log_start = 0
 
     @property
     def pid(self) -> int | None:
@@ -126,6 +131,7 @@ class SparkProcess:
             raise DevSparkError(f"{self.name} is already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
+            self._log_start = log.tell()
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {self.command_line}\n".encode())
             log.flush()
             self._process = subprocess.Popen(
@@ -149,17 +155,34 @@ class SparkProcess:
                              f"{why}; command: {self.command_line}; {self.log_tail()}")
 
     def log_text(self) -> str:
+        """What the last launch wrote to the log."""
         try:
-            return self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_start)
+                return log.read().decode(errors="replace")
         except OSError:
             return ""
 
     def log_tail(self) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError as exc:
-            return f"no log at {self.log_path}: {exc}"
-        return f"end of {self.log_path}:\n{text[-LOG_TAIL_CHARS:]}"
+        if not self.log_path.exists():
+            return f"no log at {self.log_path}"
+        return f"end of {self.log_path}:\n{self.log_text()[-LOG_TAIL_CHARS:]}"
+
+    def bound_port(self, service: str) -> int | None:
+        """The port this launch's log says `service` bound last: Spark moves a service to the
+        next port when its own is taken."""
+        ports = [int(port) for name, port in _SERVICE_BOUND.findall(self.log_text())
+                 if name == service]
+        return ports[-1] if ports else None
+
+    def listens_on(self, port: int) -> bool:
+        """Whether the listener on `port` is this process's; where /proc cannot tell, whether
+        anything accepts there while this process runs."""
+        pid = self.pid
+        if pid is None:
+            return False
+        held = held_by(pid, port)
+        return held if held is not None else port_accepts(port) and self.running
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM the process group (the JVM's shutdown hooks stop its queries and delete its
@@ -268,14 +291,19 @@ class ConnectServer:
         return self
 
     def _wait_ready(self, deadline: float, timeout_s: float) -> None:
-        # The gRPC service starts after the SparkContext, so an open port means ready.
+        # The gRPC service starts after the SparkContext, so our JVM's listener means ready; an
+        # open port alone may be another process's, bound while the JVM was booting.
         while True:
             self._jvm.raise_if_exited()
-            if port_accepts(self.port) or CONNECT_STARTED in self._jvm.log_text():
+            if self._jvm.listens_on(self.port) or self._started_port() == self.port:
                 return
             if time.monotonic() > deadline:
                 raise self._jvm.not_ready(timeout_s, f"nothing accepts on {HOST}:{self.port}")
             time.sleep(0.2)
+
+    def _started_port(self) -> int | None:
+        started = _CONNECT_STARTED.findall(self._jvm.log_text())
+        return int(started[-1]) if started else None
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         self._jvm.stop(grace_s)
@@ -289,8 +317,6 @@ class ConnectServer:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-
-_MASTER_UI_BOUND = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
 
 class StandaloneCluster:
     """A Spark standalone cluster: one master and one worker (`spark-class ...Master/Worker`).
@@ -339,8 +365,7 @@ class StandaloneCluster:
         # The port chosen free can be taken by another process before the master binds it;
         # Spark then moves its UI to the next port and says so in its log (seen in CI: the
         # chosen port answered 401 from another server).
-        bound = _MASTER_UI_BOUND.search(self._master.log_text())
-        return f"http://{HOST}:{int(bound.group(1)) if bound else self.master_ui_port}"
+        return f"http://{HOST}:{self._master.bound_port('MasterUI') or self.master_ui_port}"
 
     @property
     def pids(self) -> tuple[int | None, int | None]:
@@ -378,8 +403,12 @@ class StandaloneCluster:
         return self
 
     def _wait_master(self, deadline: float, timeout_s: float) -> None:
-        while not port_accepts(self.master_port):
+        while not self._master.listens_on(self.master_port):
             self._master.raise_if_exited()
+            moved = self._master.bound_port("sparkMaster")
+            if moved is not None and moved != self.master_port:
+                raise DevSparkError(f"the Spark master bound port {moved}, not {self.master_port}"
+                                    f" (taken before it started); {self._master.log_tail()}")
             if time.monotonic() > deadline:
                 raise self._master.not_ready(
                     timeout_s, f"nothing accepts on {HOST}:{self.master_port}")
