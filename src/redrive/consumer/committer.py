@@ -39,7 +39,7 @@ from redrive.errors import DeliveryFailed, RedriveError
 from redrive.kafka.causes import drop_stack
 from redrive.kafka.health import BrokerHealth
 from redrive.kafka.holds import Holds, Refusals
-from redrive.kafka.produce import discard_producer, passing_failure, producer_failed
+from redrive.kafka.produce import discard_producer, flush_closing, passing_failure, producer_failed
 from redrive.kafka.records import PartitionKey
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
@@ -92,12 +92,8 @@ class Committer:
         """Release the producers, waiting until the monotonic `deadline` at most for what they
         hold: copies of batches already rewound, whose offsets were not committed."""
         if self._producer is not None:
-            try:
-                self._producer.flush(_left(deadline))
-            except KafkaException as exc:
-                # What it held cannot be delivered, and was not committed: nothing to lose.
-                if not producer_failed(exc):
-                    raise
+            # One that failed for good held copies of batches not committed: nothing is lost.
+            flush_closing(self._producer, _left(deadline), f"group {self.group}")
         if self._transactions is not None:
             self._transactions.close()
 

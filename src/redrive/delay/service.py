@@ -64,7 +64,7 @@ from redrive.errors import (
 from redrive.kafka.closing import close_within
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Refusals, Why
-from redrive.kafka.produce import discard_producer, passing_failure, producer_failed
+from redrive.kafka.produce import discard_producer, flush_closing, passing_failure, producer_failed
 from redrive.kafka.transactions import ProducerFenced, TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
 from redrive.record import qualified_name
@@ -238,7 +238,7 @@ class DelayService:
                          f"delay service {self.group_id}")
             self._consumer = None
         if self._producer is not None:
-            self._producer.flush(CLOSE_TIMEOUT_S)
+            flush_closing(self._producer, CLOSE_TIMEOUT_S, f"delay service {self.group_id}")
             self._producer = None
         if self._transactions is not None:
             self._transactions.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -13,6 +14,8 @@ from redrive.errors import DeliveryFailed, RecordTooLarge, RedriveError
 from redrive.kafka.causes import causes, drop_stack, kafka_error
 from redrive.kafka.health import UNREACHED_CODES
 from redrive.kafka.records import Delivered, OutRecord, record_size
+
+log = logging.getLogger(__name__)
 
 # Makes a record the producer refused as too large smaller, or raises RecordTooLarge.
 Shrink = Callable[[OutRecord], OutRecord]
@@ -263,6 +266,21 @@ def passing_failure(exc: BaseException) -> bool:
         if error is not None:
             return error.code() == KafkaError._STATE or error.retriable()
     return False
+
+
+def flush_closing(producer_: Producer, timeout_s: float, owner: str) -> None:
+    """Flush a producer being closed. One that failed for good (fatally, or fenced) raises its
+    error from the flush, yet has nothing left it could deliver: that error is logged, not
+    raised, or it would skip the rest of the owner's close and, raised from a `finally`, hide
+    the error that stopped the owner."""
+    try:
+        producer_.flush(timeout_s)
+    except (KafkaException, SystemError) as exc:
+        if not producer_failed(exc):
+            raise
+        drop_stack(exc)
+        log.warning("closing the producer of %s, which failed for good: %s", owner,
+                    exc.__cause__ or exc)
 
 
 def discard_producer(producer_: Producer | None) -> None:

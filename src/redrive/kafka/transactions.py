@@ -40,7 +40,7 @@ from redrive.errors import DeliveryFailed, RedriveError
 from redrive.kafka.causes import drop_stack
 from redrive.kafka.closing import LEAST_S
 from redrive.kafka.config import Connection, producer
-from redrive.kafka.produce import Shrink, produce
+from redrive.kafka.produce import Shrink, flush_closing, produce
 from redrive.kafka.records import OutRecord
 
 log = logging.getLogger(__name__)
@@ -161,22 +161,14 @@ class TransactionalProducer:
             raise
 
     def close(self) -> None:
-        """Flush and drop the producer. The flush of a fenced or fatally failed producer raises
-        its error, yet such a producer has nothing left to deliver (its open transaction is
-        aborted by the broker or the next producer with this id): that error is logged, not
-        raised, or it would hide the one that stopped the caller (ProducerFenced, say). Every
+        """Flush and drop the producer (see `flush_closing`: a fenced or fatally failed one's
+        open transaction is aborted by the broker or the next producer with this id). Every
         transaction ends committed, which flushed it, or aborted, so what a stopping caller's
         producer still holds is an abort that timed out: it waits LEAST_S at most."""
         producer_, self._producer = self._producer, None
-        if producer_ is None:
-            return
-        try:
-            producer_.flush(LEAST_S if self._stopping.is_set() else self._timeout_s)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if not (isinstance(error, KafkaError) and error.fatal()):
-                raise
-            log.warning("closing the producer of %s: %s", self.transactional_id, error.str())
+        if producer_ is not None:
+            flush_closing(producer_, LEAST_S if self._stopping.is_set() else self._timeout_s,
+                          self.transactional_id)
 
     def _commit(self, producer_: Producer) -> None:
         """Commit, resuming the commit after each retriable error for as long as it takes (an
