@@ -253,18 +253,27 @@ def producer_failed(exc: BaseException) -> bool:
     return False
 
 
+# The group coordinator's answers to offsets sent with a consumer's group metadata that a
+# rebalance made stale. librdkafka makes them abortable, not retriable, yet nothing of the
+# records is refused: the consumer's next poll joins the new generation (or, for a fenced static
+# member, fails for good), and the next transaction sends its metadata.
+_REBALANCED = frozenset({KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
+                         KafkaError.FENCED_INSTANCE_ID, KafkaError.REBALANCE_IN_PROGRESS})
+
+
 def passing_failure(exc: BaseException) -> bool:
     """Whether `exc`, from a transaction, or an exception it was raised from, says the
     producer was in a passing state rather than that the brokers refused what it produced
     (which they would refuse again): librdkafka's erroneous state (seen once in CI just after
     aborts: "Failed to commit offsets to transaction on broker (none): Local: Erroneous
-    state") or an error marked retriable. Any other answer counts as a refusal, so that an
-    error not foreseen here holds its partitions instead of handling their records again as
-    fast as the loop runs."""
+    state"), offsets sent for a group generation a rebalance ended, or an error marked
+    retriable. Any other answer counts as a refusal, so that an error not foreseen here holds
+    its partitions instead of handling their records again as fast as the loop runs."""
     for seen in causes(exc):
         error = kafka_error(seen)
         if error is not None:
-            return error.code() == KafkaError._STATE or error.retriable()
+            return error.code() == KafkaError._STATE or error.code() in _REBALANCED \
+                or error.retriable()
     return False
 
 
