@@ -174,7 +174,7 @@ class Scheduler:
                 self._settle()
         else:
             self._settle()
-        notified = self.notifier.deliver(self.store)
+        notified = self.notifier.deliver(self.store, self.claim_s)
         return Pass(published, expired, notified, tuple(lateness), died)
 
     def _overdue(self, oldest_due_ms: int | None) -> None:

@@ -1,10 +1,13 @@
-"""Notifications of dead records against a real store (SQLite and PostgreSQL): claims that ran
-out and were taken over; and a webhook answered with a redirect (a local HTTP server)."""
+"""Notifications of dead records against a real store (SQLite and PostgreSQL): a row whose hook
+always fails, a receiver that is down, the time a pass may take, claims that ran out and were
+taken over; and a webhook answered with a redirect (a local HTTP server)."""
 
 from __future__ import annotations
 
 import http.server
+import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,12 +17,14 @@ from sqlalchemy import select
 
 from redrive.clock import now_ms
 from redrive.store import RetryStore, claims
-from redrive.store.notify import Webhook, WebhookFailed
+from redrive.store.notify import DOWN_AFTER, Notifier, Webhook, WebhookFailed
+from redrive.store.rows import StoredRetry
 from redrive.store.schema import DEAD, retries
 
 from .conftest import entry
 
 CLAIM_MS = 60_000
+CLAIM_S = CLAIM_MS / 1000
 
 
 def dead_rows(store: RetryStore, group: str, count: int) -> None:
@@ -29,6 +34,77 @@ def dead_rows(store: RetryStore, group: str, count: int) -> None:
 def notified_marks(store: RetryStore) -> dict[int, int | None]:
     with store.engine.connect() as conn:
         return dict(conn.execute(select(retries.c.offset, retries.c.notified_ms)).all())
+
+
+def test_a_row_whose_hook_always_fails_holds_back_no_other_and_is_given_up(
+        store: RetryStore, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="redrive.store.notify")
+    dead_rows(store, "rejected", 5)
+    calls: list[int] = []
+
+    def hook(row: StoredRetry) -> None:
+        calls.append(row.offset)
+        if row.offset == 0:
+            raise RuntimeError("the receiver answers 400 for this one")
+
+    notifier = Notifier([hook], retry_after_s=0, tries=3)
+    assert notifier.deliver(store, CLAIM_S) == 4
+    # A new death each pass, notified before the failing row is tried again: the receiver
+    # works, so the row's failures count against it.
+    for offset in (5, 6):
+        store.write([entry("rejected", "t", offset, status=DEAD, reason="exhausted")], [])
+        assert notifier.deliver(store, CLAIM_S) == 1
+    assert calls == [0, 1, 2, 3, 4, 5, 0, 6, 0]
+    [given_up] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    [first] = [row.id for row in store.find() if row.offset == 0]
+    assert given_up.getMessage() == (
+        f"giving up on notifying dead record {first}: {hook!r} failed 3 times while other "
+        "records were notified, the last time with RuntimeError: the receiver answers 400 for "
+        "this one; marked notified")
+    assert notifier.deliver(store, CLAIM_S) == 0
+    assert len(calls) == 9
+    assert all(mark is not None and mark > 0 for mark in notified_marks(store).values())
+
+
+def test_a_receiver_down_is_called_a_few_times_a_pass_and_no_row_is_given_up(
+        store: RetryStore, caplog: pytest.LogCaptureFixture) -> None:
+    dead_rows(store, "down", 5)
+    down, calls = [True], list[int]()
+
+    def hook(row: StoredRetry) -> None:
+        calls.append(row.offset)
+        if down[0]:
+            raise ConnectionRefusedError("connection refused")
+
+    notifier = Notifier([hook], retry_after_s=0.05, tries=2)
+    assert notifier.deliver(store, CLAIM_S) == 0
+    assert calls == [0, 1, 2][:DOWN_AFTER]
+    assert notifier.deliver(store, CLAIM_S) == 0  # waits retry_after_s
+    assert len(calls) == DOWN_AFTER
+    for _ in range(4):
+        time.sleep(0.1)
+        assert notifier.deliver(store, CLAIM_S) == 0
+    assert len(calls) == 5 * DOWN_AFTER  # every row failed more than `tries` times
+    assert set(notified_marks(store).values()) == {None}
+
+    down[0] = False
+    time.sleep(0.1)
+    assert notifier.deliver(store, CLAIM_S) == 5
+    assert "giving up" not in caplog.text
+
+
+def test_a_pass_hands_back_what_it_did_not_reach_in_half_the_claim(store: RetryStore) -> None:
+    dead_rows(store, "slow", 5)
+    notifier = Notifier([lambda row: time.sleep(0.25)])
+    started = time.monotonic()
+    done = notifier.deliver(store, 1.0)
+    # Rows are started until 0.5 s have passed: the first two, or on a slow machine one.
+    assert done in (1, 2) and time.monotonic() - started < 1.0
+    marks = notified_marks(store).values()
+    assert sum(mark is None for mark in marks) == 5 - done  # not claimed: the next pass's
+    while done < 5:
+        done += notifier.deliver(store, 1.0)
+    assert all(mark is not None and mark > 0 for mark in notified_marks(store).values())
 
 
 def test_a_stalled_notifier_leaves_the_claim_that_took_over_its_rows(store: RetryStore) -> None:
