@@ -126,7 +126,8 @@ class Scheduler:
         self.metrics = metrics if metrics is not None else Metrics("scheduler", "store")
         hooks: list[DeadHook] = list(on_dead)
         if webhook:
-            hooks.append(Webhook(webhook))
+            # One call must end well within the claim, or its row is notified twice.
+            hooks.append(Webhook(webhook, timeout_s=min(10.0, self.claim_s / 4)))
         self.notifier = Notifier(hooks)
         # Its checks go through its producer, so they ask about no topic (see BrokerHealth).
         self.health = BrokerHealth("store scheduler", self.metrics)

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from redrive.clock import now_ms
-from redrive.store import RetryStore, claims
+from redrive.store import RetryStore, Scheduler, claims
 from redrive.store.notify import DOWN_AFTER, Notifier, Webhook, WebhookFailed
 from redrive.store.rows import StoredRetry
 from redrive.store.schema import DEAD, retries
@@ -179,3 +179,15 @@ def test_a_webhook_redirect_is_a_failure_not_followed(
     with pytest.raises(WebhookFailed, match=rf"HTTP {status}, a redirect to '/moved', not fol"):
         Webhook(f"{base}/{status}")(row)
     assert seen == [f"POST /{status}"]
+
+
+def test_a_schedulers_webhook_call_ends_well_within_its_claim(tmp_path: Path) -> None:
+    """A call that outlived the claim would let another scheduler take the row and notify it
+    again."""
+    with RetryStore(tmp_path / "store.db") as store:
+        short = Scheduler(store, "127.0.0.1:1", webhook="http://127.0.0.1:1/", lease_s=8)
+        default = Scheduler(store, "127.0.0.1:1", webhook="http://127.0.0.1:1/")
+        timeouts = [hook.timeout_s for scheduler in (short, default)
+                    for hook in scheduler.notifier.hooks if isinstance(hook, Webhook)]
+    assert (short.claim_s, default.claim_s) == (8.0, 60.0)
+    assert timeouts == [2.0, 10.0]
