@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from confluent_kafka import Message
+
 from redrive import headers as h
 from redrive import kafka, topics
 from redrive.clock import now_ms
@@ -24,7 +26,7 @@ from redrive.dead_letter_headers import (
 )
 from redrive.errors import InvalidArgument, MalformedHeader, UnknownTopic
 from redrive.kafka.ranges import read_topic
-from redrive.kafka.records import consumed
+from redrive.kafka.records import consumed, readable_headers
 from redrive.policy import to_ms
 from redrive.record import Record
 
@@ -37,7 +39,7 @@ class DeadLetterRecord:
 
     record: Record
     info: DeadLetterInfo | None
-    problem: str | None = None  # set when the record's redrive headers cannot be parsed
+    problem: str | None = None  # set when the record's headers cannot be read or parsed
 
     @classmethod
     def of(cls, record: Record) -> DeadLetterRecord:
@@ -45,6 +47,14 @@ class DeadLetterRecord:
             return cls(record, read_dead_letter(record.headers))
         except MalformedHeader as exc:
             return cls(record, None, str(exc))
+
+    @classmethod
+    def read(cls, message: Message) -> DeadLetterRecord:
+        """A consumed message's record; one whose headers cannot be read is kept without them,
+        flagged (so a replay leaves it alone rather than publish it stripped)."""
+        headers, problem = readable_headers(message)
+        record = consumed(message, headers=headers)
+        return cls.of(record) if problem is None else cls(record, None, problem)
 
     @property
     def coordinates(self) -> str:
@@ -264,7 +274,7 @@ class Reader:
             self.check_partition(partition, "partition", partition)
         for message in read_topic(self.connection, self.topic, self._partitions,
                                   idle_s=self.timeout_s, narrow=selection.offsets):
-            letter = DeadLetterRecord.of(consumed(message))
+            letter = DeadLetterRecord.read(message)
             if selection.matches(letter):
                 yield letter
 
@@ -290,7 +300,7 @@ class Reader:
 
         for message in read_topic(self.connection, self.topic, self._partitions,
                                   idle_s=self.timeout_s, narrow=narrow):
-            letter = DeadLetterRecord.of(consumed(message))
+            letter = DeadLetterRecord.read(message)
             if selection.matches(letter):
                 yield letter
 
