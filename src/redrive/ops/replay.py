@@ -375,6 +375,9 @@ def replays_of(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
 # The fields of an entry that replays and the console compute with, by the type they need.
 _FIELD_TYPES: Mapping[str, type] = {"when_ms": int, "replays": int, "history": list,
                                     "source": dict, "destination": dict}
+# Those of its source and destination: the console builds links and text of them.
+_PLACE_TYPES: Mapping[str, type] = {"topic": str, "partition": int, "offset": int,
+                                    "timestamp_ms": int}
 
 
 def _read_entry(value: bytes) -> dict[str, Any] | None:
@@ -383,11 +386,16 @@ def _read_entry(value: bytes) -> dict[str, Any] | None:
         entry = json.loads(value)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(entry, dict) or any(
-            name in entry and not isinstance(entry[name], kind)
-            for name, kind in _FIELD_TYPES.items()):
+    if not isinstance(entry, dict) or not _typed(entry, _FIELD_TYPES) or not all(
+            _typed(entry.get(place, {}), _PLACE_TYPES) for place in ("source", "destination")):
         return None
     return entry if all(isinstance(item, dict) for item in entry.get("history", [])) else None
+
+
+def _typed(fields: Mapping[str, Any], types: Mapping[str, type]) -> bool:
+    """Whether each of `types`' fields present in `fields` is of its type."""
+    return all(name not in fields or isinstance(fields[name], kind)
+               for name, kind in types.items())
 
 
 def read_log(connection: kafka.Connection, dlt_topic: str | None = None,
