@@ -7,12 +7,14 @@ from __future__ import annotations
 import heapq
 import hmac
 import json
+import logging
 import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import re2
 from confluent_kafka import KafkaException
 from fastapi import HTTPException
 from pydantic import BaseModel, Field
@@ -45,7 +47,13 @@ from redrive.store import RetryStore
 from redrive.store.rows import RowFilter
 from redrive.store.schema import DEAD, PENDING, STATUSES
 
+log = logging.getLogger(__name__)
+
 PAGE_SIZE = 50
+# The web app refuses a page past this (50,000 records back): a page number is read without a
+# token, and a huge one would read the whole topic into memory. `everything` reads it all too,
+# but only as far as the topic goes, which its page also offers.
+MAX_PAGE = 1000
 # Records per partition read first when a page is asked for; each further step reads four times
 # as many, further back.
 FIRST_STEP = 500
@@ -85,6 +93,8 @@ class GroupHealth:
     activity: Activity | None = None  # what its topics received over the last hour and day
     # Its retries waiting in the retry store or in the delay service's tiers.
     elsewhere: tuple[Waiting, ...] = ()
+    # Where its waiting retries could not be looked for (the store, the delay tiers), and why.
+    elsewhere_problems: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {**vars(self), "activity": self.activity.to_json() if self.activity else None,
@@ -130,7 +140,9 @@ class Selection:
     until: str | None = None
     contains: str | None = None  # a substring of the key, a header or the value
     fingerprint: str | None = None
-    message: str | None = None  # a regular expression searched in the error message
+    # A regular expression searched in the error message, run by RE2: its time grows with the
+    # message's length only, so no pattern can hold the server.
+    message: str | None = None
 
     def matcher(self) -> Callable[[DeadLetterRecord], bool]:
         """The test of a record; raises InvalidArgument naming a time or a regular expression
@@ -163,8 +175,9 @@ class ReplayRequest(BaseModel):
     fingerprint: str | None = None
     contains: str | None = Field(default=None, description="A substring of the key, a header "
                                  "or the value.")
-    message: str | None = Field(default=None, description="A Python regular expression "
-                                "searched in the error message.")
+    message: str | None = Field(default=None, description="A regular expression searched in "
+                                "the error message (RE2 syntax: no backreferences or "
+                                "lookaround).")
     since: str | None = Field(default=None, description="A duration (2h) or an ISO time.")
     until: str | None = Field(default=None, description="A duration (30m: that long ago) or "
                               "an ISO time.")
@@ -217,16 +230,37 @@ class Console:
         """Every group with a dead-letter topic, and its health; the store and the delay tiers
         are read once for all of them."""
         found = self.dead_letter_topics()
-        sources = [waiting.in_delay_tiers(self.connection, self.delay, self.timeout_s)]
-        if self.store is not None:
-            sources.append(waiting.in_store(self.store))
+        sources: list[tuple[str, Callable[[], dict[waiting.Key, Waiting]]]] = [
+            ("the delay tiers", lambda: waiting.in_delay_tiers(self.connection, self.delay,
+                                                               self.timeout_s))]
+        store = self.store
+        if store is not None:
+            sources.append(("the retry store", lambda: waiting.in_store(store)))
         elsewhere: dict[waiting.Key, list[Waiting]] = {}
-        for source in sources:
+        problems: list[str] = []
+        for where, read in sources:
+            # One source down still leaves the groups and the other source worth showing.
+            try:
+                source = read()
+            except (KafkaException, RedriveError) as exc:
+                problems.append(f"{where} cannot be read: {exc}")
+                continue
             for key, waits in source.items():
                 elsewhere.setdefault(key, []).append(waits)
-        return [replace(self.health(one),
-                        elsewhere=tuple(elsewhere.get((one.group or "", one.topic or ""), ())))
+        return [replace(self._health_of(one),
+                        elsewhere=tuple(elsewhere.get((one.group or "", one.topic or ""), ())),
+                        elsewhere_problems=tuple(problems))
                 for one in found]
+
+    def _health_of(self, found: DeadLetterTopic) -> GroupHealth:
+        try:
+            return self.health(found)
+        except Exception as exc:
+            # Whatever one group's topics hold, the overview still shows every other group.
+            log.exception("the figures of %s cannot be read", found.name)
+            return GroupHealth(found.topic or "", found.group or "", found.name, None, 0, 0,
+                               None, None, found.records,
+                               f"its figures cannot be read: {exc.__cause__ or exc}")
 
     def health(self, found: DeadLetterTopic) -> GroupHealth:
         """The figures of `redrive stats` for the group a dead-letter topic belongs to, and
@@ -346,8 +380,8 @@ class Console:
 
     def check_token(self, given: str | None) -> None:
         if self.token is None:
-            raise HTTPException(403, "this console is read-only: start it with --token "
-                                     "(or REDRIVE_UI_TOKEN) to replay")
+            raise HTTPException(403, "this console is read-only: start it with --token-file "
+                                     "(or REDRIVE_UI_TOKEN, or --token) to replay")
         if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
             raise HTTPException(401, "a replay needs the console's token")
 
@@ -437,20 +471,31 @@ def _contains(letter: DeadLetterRecord, needle: str | None) -> bool:
                    for name, value in record.headers))
 
 
-def _pattern(field_name: str, expression: str | None) -> re.Pattern[str] | None:
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a user's typo is answered with a 400, not logged by RE2
+
+
+def _pattern(field_name: str, expression: str | None) -> re2._Regexp[str] | None:
     if not expression:
         return None
     try:
-        return re.compile(expression)
-    except re.error as exc:
-        raise InvalidArgument(field_name, expression, f"not a regular expression: {exc}") from exc
+        return re2.compile(expression, _RE2_OPTIONS)
+    except re2.error as exc:
+        why = exc.args[0].decode(errors="replace") if exc.args and isinstance(
+            exc.args[0], bytes) else str(exc)
+        raise InvalidArgument(field_name, expression, f"not a regular expression (RE2 syntax: "
+                              f"no backreferences or lookaround): {why}") from exc
 
 
-def _message_matches(letter: DeadLetterRecord, pattern: re.Pattern[str]) -> bool:
+def _message_matches(letter: DeadLetterRecord, pattern: re2._Regexp[str]) -> bool:
     # A record with no error message (no known header set, or malformed headers) has nothing
     # to search, so even `.*` leaves it out rather than treating the message as empty.
     message = letter.error_message
-    return message is not None and pattern.search(message) is not None
+    if message is None:
+        return False
+    # RE2 reads UTF-8, which a lone surrogate a header decoded to has no form in.
+    searchable = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return pattern.search(searchable) is not None
 
 
 def _fingerprint_of(letter: DeadLetterRecord) -> str:
@@ -480,9 +525,15 @@ def value_view(raw: bytes | None) -> tuple[str, str]:
     except UnicodeDecodeError:
         return "hex", raw.hex(" ")
     try:
-        return "json", json.dumps(json.loads(decoded), indent=2, ensure_ascii=False)
+        pretty = json.dumps(json.loads(decoded), indent=2, ensure_ascii=False)
     except (ValueError, RecursionError):  # nested deeper than the parser goes: shown as text
         return "text", decoded
+    try:
+        pretty.encode("utf-8")
+    except UnicodeEncodeError:
+        # A string holding a lone surrogate ("\ud800") has no UTF-8 form: kept escaped.
+        pretty = json.dumps(json.loads(decoded), indent=2)
+    return "json", pretty
 
 
 def report_json(report: ReplayReport) -> dict[str, Any]:

@@ -5,11 +5,14 @@ Pages are Jinja2 templates, which escape everything read from Kafka; the JSON AP
 by FastAPI at /docs. Reading needs nothing; a replay or a store action needs the token the server
 was started with, typed into the form or sent as `Authorization: Bearer <token>`: a server
 started without one is read-only. The token is never kept in a cookie, so a page of another site
-cannot make a browser act (and a form posted from another origin is refused as well).
+cannot make a browser act (and a form posted from another origin is refused as well). Served by
+`redrive ui`, it answers only to the Host names it was told (a page of another site that
+rebinds its own name to the console's address is refused), and no page of it can be framed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,12 +22,17 @@ from confluent_kafka import KafkaException
 from fastapi import FastAPI, Form, Header, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.templating import Jinja2Templates
+from starlette.datastructures import URL
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.responses import PlainTextResponse
+from starlette.types import Receive, Scope, Send
 
 from redrive import kafka
 from redrive.clock import now_ms
 from redrive.errors import BrokerUnavailable, InvalidArgument, RedriveError, UnknownTopic
 from redrive.headers import MAX_TIME_MS
 from redrive.ops.console import (
+    MAX_PAGE,
     PAGE_SIZE,
     Console,
     ReplayRequest,
@@ -36,8 +44,10 @@ from redrive.ops.console import (
 from redrive.ops.deadletters import text
 from redrive.ops.replay import TO_ORIGINAL
 from redrive.ops.waiting import DEFAULT_DELAY, DelayTiers
-from redrive.store import RetryStore
+from redrive.store import RetryStore, StoreUnavailable
 
+# The Host names a console on this machine is reached by, whatever else it is told.
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
 
 
@@ -78,6 +88,22 @@ def _cross_site(request: Request, origin: str | None) -> bool:
     return origin is not None and origin.rstrip("/") != str(request.base_url).rstrip("/")
 
 
+class _TrustedHosts(TrustedHostMiddleware):
+    """Starlette's Host check, whose refusal says which names are served and how to add one."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.allow_any:
+            host = (URL(scope=scope).hostname or "").lower()
+            if not any(host == pattern or (pattern.startswith("*.") and host.endswith(
+                    pattern[1:])) for pattern in self.allowed_hosts):
+                await PlainTextResponse(
+                    f"Host {host!r} is not one this console answers to "
+                    f"({', '.join(self.allowed_hosts)}): start it with --allowed-host {host} "
+                    "if that name is yours", status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def _bearer(authorization: str | None) -> str | None:
     prefix = "Bearer "
     return authorization[len(prefix):] if authorization and authorization.startswith(prefix) \
@@ -86,13 +112,25 @@ def _bearer(authorization: str | None) -> str | None:
 
 def create_app(connection: kafka.Connection, *, token: str | None = None,
                store: RetryStore | None = None, delay: DelayTiers = DEFAULT_DELAY,
-               timeout_s: float = 10.0) -> FastAPI:
+               timeout_s: float = 10.0, hosts: Sequence[str] | None = None) -> FastAPI:
     """The console's web app; serve it with uvicorn (`redrive ui` does). With `store`, it also
     shows the retry store's rows and can requeue or cancel them; `delay` names the delay
-    service whose tiers hold the groups' retries (the defaults of `redrive delay run`)."""
+    service whose tiers hold the groups' retries (the defaults of `redrive delay run`).
+    `hosts`: the Host names it answers to (`*.example.com` for a domain's); others get a 400.
+    None answers to any, for an app served behind a proxy that checks them."""
     console = Console(connection, token=token, store=store, delay=delay, timeout_s=timeout_s)
     app = FastAPI(title="redrive console", version="1",
                   description="Dead letters of a Kafka cluster, and their replay.")
+    if hosts is not None:
+        app.add_middleware(_TrustedHosts, allowed_hosts=list(hosts), www_redirect=False)
+
+    @app.middleware("http")
+    async def no_framing(request: Request, call_next: Any) -> Response:
+        # A page of another site could frame a form and trick a click on Replay.
+        response: Response = await call_next(request)
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        return response
 
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         return TEMPLATES.TemplateResponse(request, name, {"writable": console.token is not None,
@@ -110,7 +148,7 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         status = 400 if isinstance(error, InvalidArgument) else \
             404 if isinstance(error, UnknownTopic) else 503
         if request.url.path.startswith("/api/"):
-            detail = f"the cluster cannot be read: {error}" if status == 503 else str(error)
+            detail = f"{_source(error)} cannot be read: {error}" if status == 503 else str(error)
             return JSONResponse({"detail": detail}, status)
         return problem(request, error, status)
 
@@ -210,16 +248,16 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
     @app.get("/dead-letters/{dlt}", response_class=HTMLResponse, include_in_schema=False)
     def dead_letters(request: Request, dlt: str, reason: str = "", error_type: str = "",
                      since: str = "", until: str = "", q: str = "", fp: str = "",
-                     message: str = "", everything: str = "",
-                     page_number: Annotated[int, Query(alias="page", ge=1)] = 1
+                     message: str = "", everything: bool = False,
+                     page_number: Annotated[int, Query(alias="page", ge=1, le=MAX_PAGE)] = 1
                      ) -> HTMLResponse:
         filters = {"reason": reason, "error_type": error_type, "since": since, "until": until,
-                   "q": q, "fp": fp, "message": message, "everything": everything}
+                   "q": q, "fp": fp, "message": message, "everything": "1" if everything else ""}
         try:
             shown = console.view(dlt, Selection(reason=reason, error_type=error_type, since=since,
                                                 until=until, contains=q, fingerprint=fp,
                                                 message=message),
-                                 page=page_number, everything=bool(everything))
+                                 page=page_number, everything=everything)
         except UnknownTopic as exc:
             return problem(request, exc, 404)
         except InvalidArgument as exc:
@@ -233,14 +271,14 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
                          q: str | None = None,
                          fingerprint_is: Annotated[str | None, Query(alias="fp")] = None,
                          message: str | None = None, everything: bool = False,
-                         page_number: Annotated[int, Query(alias="page", ge=1)] = 1
+                         page_number: Annotated[int, Query(alias="page", ge=1, le=MAX_PAGE)] = 1
                          ) -> dict[str, Any]:
         """A page of the records the filter selects, newest first, and their groups by cause.
         `since` and `until` bound the time a record was written: a duration back from now (2h)
-        or an ISO time; `message` is a Python regular expression searched in the error
-        message. The topic is read from its end only as far as the page needs
-        (`complete`: the whole topic was read; `matched` and `groups` count what was read), all
-        of it with everything=true."""
+        or an ISO time; `message` is a regular expression (RE2 syntax: no backreferences or
+        lookaround) searched in the error message. The topic is read from its end only as far
+        as the page needs (`complete`: the whole topic was read; `matched` and `groups` count
+        what was read), all of it with everything=true; `page` goes up to 1000."""
         try:
             shown = console.view(dlt, Selection(reason=reason, error_type=error_type, since=since,
                                                 until=until, contains=q,
@@ -332,3 +370,8 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
             raise HTTPException(400, str(exc)) from exc
 
     return app
+
+
+def _source(error: Exception) -> str:
+    """What a read that failed was of, for the message that says so."""
+    return "the retry store" if isinstance(error, StoreUnavailable) else "the cluster"
