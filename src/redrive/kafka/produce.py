@@ -181,11 +181,12 @@ def _queued_delivered_on_error(producer_: Producer, timeout_s: float) -> Iterato
     """Where queueing a run of records fails part way (a record too large, a routing error),
     wait for those already queued before raising: a caller that runs again (a Spark task's next
     attempt, a batch run again) then finds them written, instead of their arriving after it
-    looked and being written twice. Not after an outage, whose wait would only double."""
+    looked and being written twice. Not after an outage, whose wait would only double, nor for
+    a producer failed for good, which delivers nothing more."""
     try:
         yield
     except Exception as exc:
-        if not (isinstance(exc, DeliveryFailed) and exc.unanswered):
+        if not ((isinstance(exc, DeliveryFailed) and exc.unanswered) or producer_failed(exc)):
             with contextlib.suppress(Exception):
                 producer_.flush(timeout_s)
         raise
