@@ -41,6 +41,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from common import percentile
 from redrive import kafka
 from redrive.cli.formatting import table
 from redrive.clock import now_ms
@@ -336,7 +337,7 @@ def lateness(bootstrap: str, seconds: float) -> dict[str, float]:
     return {
         "scheduled_per_s": round(achieved),
         "lateness_p50_ms": statistics.median(late),
-        "lateness_p99_ms": late[min(len(late) - 1, int(len(late) * 0.99))],
+        "lateness_p99_ms": percentile(late, 0.99),
         "lateness_max_ms": late[-1],
         "early": sum(1 for value in late if value < 0),
         "bound_ms": tiers.smallest_ms,
