@@ -8,7 +8,8 @@ fresh group; a ratio is the median of the rounds' ratios, so that a loop is comp
 run beside it rather than with runs the machine's other load made faster or slower. Throughput is
 counted from the first record handled to the last main-topic record handled, so group joins are
 left out. The two handlers' profiles run one after the other; each RetryingConsumer run's retry
-and dead-letter topics, and each profile's topic once done with, are deleted (see delete_topics).
+and dead-letter topics, and each profile's topic once done with, are deleted (see delete_topics),
+and each run of a round starts once the broker started here is idle.
 
 Every loop runs with two handlers: a trivial one, which leaves redrive's own costs in plain view,
 and one that spends --handler-us of CPU per call besides (default 20 us, about what decoding and
@@ -53,7 +54,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from common import percentile
+from common import CpuMeter, percentile, settle
 from redrive import kafka
 from redrive.backends import DelayQueue, RetryBackend
 from redrive.consumer import RetryingConsumer
@@ -200,11 +201,15 @@ class RedriveRun:
     rate_with_retries: float
     lateness_ms: list[float] = field(default_factory=list)
     early: int = 0
-    consumer_cpu_s: float = 0.0  # the CPU time of the thread that ran RetryingConsumer.run
+    consumer_cpu_s: float = 0.0  # RetryingConsumer.run's thread's, to the last record handled
 
 
 def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
-                fail_rate: float, retry_backend: RetryBackend | None = None) -> RedriveRun:
+                fail_rate: float, retry_backend: RetryBackend | None = None,
+                on_finished: Callable[[], None] | None = None) -> RedriveRun:
+    """One RetryingConsumer run; `on_finished` is called once its last record is handled, before
+    the consumer stops and its topics are deleted, so that a caller can end its measurement
+    there and leave the teardown out."""
     clock = Clock()
     lateness: list[float] = []
     last_retry = [0.0]
@@ -232,22 +237,20 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
                                 policy, handler, batch_size=BATCH, config=dict(CLIENT_OVERRIDES),
                                 retry_backend=retry_backend)
     consumer.start()
-    consumer_cpu = [0.0]
-
-    def run() -> None:
-        started = time.thread_time()
-        try:
-            consumer.run()
-        finally:
-            consumer_cpu[0] = time.thread_time() - started
-
-    thread = threading.Thread(target=run, daemon=True)
+    thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 600
+    consumer_cpu = 0.0
     while not (finished := clock.main_done >= records and len(lateness) >= expected_retries):
         if time.monotonic() > deadline or not thread.is_alive():
             break
         time.sleep(0.005)
+    if finished:
+        # The thread's own CPU clock, read while it still runs: its shutdown is left out.
+        assert thread.ident is not None
+        consumer_cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        if on_finished is not None:
+            on_finished()
     consumer.stop()
     thread.join(60)
     delete_topics(bootstrap, [name for plan in consumer.plans.values()
@@ -256,7 +259,7 @@ def redrive_run(bootstrap: str, topic: str, records: int, work: Work,
         raise RuntimeError(f"run did not finish: {clock.main_done}/{records} main records, "
                            f"{len(lateness)}/{expected_retries} retries")
     return RedriveRun(clock.rate(), clock.rate_with_retries(last_retry[0]), lateness,
-                      sum(1 for late in lateness if late < 0), consumer_cpu[0])
+                      sum(1 for late in lateness if late < 0), consumer_cpu)
 
 
 def delete_topics(bootstrap: str, names: list[str]) -> None:
@@ -355,11 +358,16 @@ class Profile:
         raw_run(bootstrap, self.topic, self.records, self.work)
         redrive_run(bootstrap, self.topic, self.records, self.work, 0.0)
 
-    def round(self, bootstrap: str, fail_rate: float, redrive_first: bool) -> None:
+    def round(self, bootstrap: str, fail_rate: float, redrive_first: bool,
+              meter: CpuMeter) -> None:
+        """Every run starts once the broker is idle: noida-db rewrites all it holds after the
+        previous run's commits and deleted topics, which would otherwise slow this run."""
         def raw() -> None:
+            settle(meter)
             self.raw.append(raw_run(bootstrap, self.topic, self.records, self.work))
 
         def clean() -> None:
+            settle(meter)
             self.clean.append(
                 redrive_run(bootstrap, self.topic, self.records, self.work, 0.0).rate)
 
@@ -368,9 +376,11 @@ class Profile:
             first_redrive = redrive_first != bool(pair % 2)
             for run in (clean, raw) if first_redrive else (raw, clean):
                 run()
+        settle(meter)
         self.failing.append(
             redrive_run(bootstrap, self.topic, self.records, self.work, fail_rate))
         if self.delay_queue:
+            settle(meter)
             self.failing_dq.append(
                 delay_queue_run(bootstrap, self.topic, self.records, self.work, fail_rate))
 
@@ -437,13 +447,15 @@ def main() -> int:
 
     broker = None if args.bootstrap else DevBroker("noida-db").start(timeout_s=60)
     bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
+    meter = CpuMeter(broker.pid if broker else None)
     try:
         # One profile after the other, each topic deleted once done with (see delete_topics).
         for profile in (trivial, working):
             profile.fill(bootstrap)
             for round_ in range(runs):
                 # Every other round starts with redrive, so that neither loop always runs first.
-                profile.round(bootstrap, args.fail_rate, redrive_first=bool(round_ % 2))
+                profile.round(bootstrap, args.fail_rate, redrive_first=bool(round_ % 2),
+                              meter=meter)
             if profile is trivial:
                 delete_topics(bootstrap, [profile.topic])
         blocking = [raw_run(bootstrap, working.topic, blocking_records, working.work,

@@ -8,20 +8,20 @@ failures and with 5 % failing once, alternately on one topic, and divides the di
 time, of this process (every thread: Python's and librdkafka's) and of the broker, by the number
 of failures. Both loops share the machine's cores with the broker, so a failure's broker work
 slows the consumer as well. The CPU of the thread that runs the consumer's loop is given apart:
-redrive's own work, without librdkafka's threads and the broker. With --json the last line is
-one JSON object of the medians.
+redrive's own work, without librdkafka's threads and the broker. Every run starts once the broker
+is idle and is measured from the consumer's start to its last record handled. With --json the
+last line is one JSON object of the medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import time
 
 import consumer as bench  # bench/consumer.py: the loops, the topic filling and the handler work
+from common import CpuMeter, settle
 from redrive.dev.brokers import DevBroker
 
 FAIL_RATE = 0.05
@@ -32,19 +32,27 @@ def process_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def broker_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def broker_cpu_s(meter: CpuMeter) -> float:
+    _, broker = meter.read()
+    assert broker is not None
+    return broker
 
 
-def measured(bootstrap: str, pid: int, topic: str, records: int,
+def measured(bootstrap: str, meter: CpuMeter, topic: str, records: int,
              fail_rate: float) -> tuple[float, float, float, float]:
     """Main-topic records/s, this process's CPU s, the broker's CPU s and the consumer thread's
-    CPU s of one run."""
-    client, broker = process_cpu_s(), broker_cpu_s(pid)
-    run = bench.redrive_run(bootstrap, topic, records, bench.work, fail_rate)
-    return run.rate, process_cpu_s() - client, broker_cpu_s(pid) - broker, run.consumer_cpu_s
+    CPU s of one run, from the consumer's start to its last record handled.
+
+    Each run starts on an idle broker: noida-db rewrites all it holds after the previous run's
+    commits and topic deletions, which would otherwise be charged to this run. The stop, the
+    consumer's close and the deletion of its topics are left out of the window too."""
+    settle(meter)
+    client, broker = process_cpu_s(), broker_cpu_s(meter)
+    ends: list[tuple[float, float]] = []
+    run = bench.redrive_run(bootstrap, topic, records, bench.work, fail_rate,
+                            on_finished=lambda: ends.append((process_cpu_s(),
+                                                             broker_cpu_s(meter))))
+    return run.rate, ends[0][0] - client, ends[0][1] - broker, run.consumer_cpu_s
 
 
 def main() -> int:
@@ -58,18 +66,18 @@ def main() -> int:
     broker = DevBroker(args.broker).start(timeout_s=60)
     try:
         assert broker.pid is not None
+        meter = CpuMeter(broker.pid)
         topic = bench.fill(broker.bootstrap, args.records)
         rows: list[dict[str, float]] = []
         for _ in range(args.rounds):
-            clean = measured(broker.bootstrap, broker.pid, topic, args.records, 0.0)
-            failing = measured(broker.bootstrap, broker.pid, topic, args.records, FAIL_RATE)
+            clean = measured(broker.bootstrap, meter, topic, args.records, 0.0)
+            failing = measured(broker.bootstrap, meter, topic, args.records, FAIL_RATE)
             rows.append({
                 "failure_us": bench.failure_cost_us(clean[0], failing[0], FAIL_RATE),
                 "client_cpu_us": (failing[1] - clean[1]) / failures * 1e6,
                 "broker_cpu_us": (failing[2] - clean[2]) / failures * 1e6,
                 "thread_cpu_us": (failing[3] - clean[3]) / failures * 1e6,
             })
-            time.sleep(1)  # the broker's rewrite after the run's commits, out of the next run
     finally:
         broker.stop()
     figures = {key: round(statistics.median(row[key] for row in rows), 1) for key in rows[0]}
