@@ -9,7 +9,8 @@ one header of the record's own, an error trace) into a new SQLite store and a ne
 database, and times `Scheduler.run_once` on each until nothing is left: rows/s, and CPU a row
 (this process's CPU time, librdkafka's threads included). The baseline, in the same round: the
 same copies with the same headers, built beforehand, produced with delivery confirmation in the
-scheduler's batch size: the part of a pass no store can save.
+scheduler's batch size: the part of a pass no store can save. Each path runs on a topic of its
+own, deleted after it, once the broker is idle, in an order rotated from round to round.
 
 C1  scheduler rows/s on SQLite / baseline records/s.
 C2  the same on PostgreSQL.
@@ -31,7 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from tempfile import TemporaryDirectory
+from typing import Any
 
+from common import CpuMeter, settle
 from redrive import kafka
 from redrive.cli.formatting import table
 from redrive.clock import now_ms
@@ -76,7 +79,32 @@ def entries(topic: str, rows: int) -> list[Entry]:
                   error_trace=TRACE) for offset in range(rows)]
 
 
-def baseline(bootstrap: str, topic: str, copies: list[kafka.OutRecord]) -> Timing:
+def new_topic(admin: Any) -> str:
+    topic = f"bench-scheduler-{uuid.uuid4().hex[:8]}"
+    kafka.create_topics(admin, {topic: 1})
+    while kafka.topic_partitions(admin).get(topic) != 1:
+        time.sleep(0.05)
+    return topic
+
+
+def copies_for(bootstrap: str, url: str, topic: str, rows: int) -> list[kafka.OutRecord]:
+    """The copies a pass would make of `rows` rows, built by the scheduler's own code."""
+    store = RetryStore(url)
+    try:
+        written = entries(topic, rows)
+        for start in range(0, len(written), 1000):
+            store.write(written[start:start + 1000], [])
+        scheduler = Scheduler(store, bootstrap)
+        try:
+            return [copy for row in store.find(limit=rows)
+                    if (copy := scheduler._record(row)) is not None]
+        finally:
+            scheduler.close()
+    finally:
+        store.close()
+
+
+def baseline(bootstrap: str, copies: list[kafka.OutRecord], meter: CpuMeter) -> Timing:
     """The copies a pass would produce, built beforehand, produced in the scheduler's batches."""
     producer = kafka.producer(bootstrap)
     kafka.produce_confirmed(producer, copies[:1])  # connected before the clock starts
@@ -86,13 +114,13 @@ def baseline(bootstrap: str, topic: str, copies: list[kafka.OutRecord]) -> Timin
         for start in range(0, len(measured), DEFAULT_BATCH):
             kafka.produce_confirmed(producer, measured[start:start + DEFAULT_BATCH], 60)
         return len(measured)
+    settle(meter)
     return timed(len(measured), produce_all)
 
 
-def scheduler_run(bootstrap: str, url: str, topic: str,
-                  rows: int) -> tuple[Timing, list[kafka.OutRecord]]:
+def scheduler_run(bootstrap: str, url: str, topic: str, rows: int, meter: CpuMeter) -> Timing:
     """Time the passes over `rows` due rows, after a first pass over DEFAULT_BATCH more that
-    connects the clients; also give the copies the rows make, for the baseline."""
+    connects the clients."""
     store = RetryStore(url)
     try:
         written = entries(topic, rows + DEFAULT_BATCH)
@@ -100,9 +128,6 @@ def scheduler_run(bootstrap: str, url: str, topic: str,
             store.write(written[start:start + 1000], [])
         scheduler = Scheduler(store, bootstrap)
         try:
-            # Built by the scheduler's own code, before the rows are claimed.
-            copies = [copy for row in store.find(limit=rows)
-                      if (copy := scheduler._record(row)) is not None]
             if scheduler.run_once().published != DEFAULT_BATCH:
                 raise SystemExit("the first pass did not publish a whole batch")
 
@@ -111,7 +136,8 @@ def scheduler_run(bootstrap: str, url: str, topic: str,
                 while done := scheduler.run_once().published:
                     published += done
                 return published
-            return timed(rows, passes), copies
+            settle(meter)
+            return timed(rows, passes)
         finally:
             scheduler.close()
     finally:
@@ -136,21 +162,30 @@ def main() -> None:
     postgres = None if args.postgres else DevPostgres(durable=True).start()
     bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
     admin = kafka.admin(bootstrap)
+    meter = CpuMeter(broker.pid if broker else None)
     paths = ("produce only (baseline)", "scheduler: SQLite", "scheduler: PostgreSQL")
     rounds: list[dict[str, Timing]] = []
     try:
         with TemporaryDirectory(prefix="redrive-bench-scheduler-") as scratch:
             for number in range(runs):
-                topic = f"bench-scheduler-{uuid.uuid4().hex[:8]}"
-                kafka.create_topics(admin, {topic: 1})
-                while kafka.topic_partitions(admin).get(topic) != 1:
-                    time.sleep(0.05)
                 pg_url = args.postgres or (postgres.create_database() if postgres else "")
-                on_sqlite, copies = scheduler_run(
-                    bootstrap, str(Path(scratch) / f"{number}.db"), topic, rows)
-                on_postgres, _ = scheduler_run(bootstrap, pg_url, topic, rows)
-                rounds.append({paths[0]: baseline(bootstrap, topic, copies),
-                               paths[1]: on_sqlite, paths[2]: on_postgres})
+
+                # Each path on a topic of its own, deleted after it, and the order rotated from
+                # round to round: on noida-db every write costs in proportion to all the broker
+                # holds, so a path run later against the others' copies would be slowed.
+                first = number % len(paths)
+                timings: dict[str, Timing] = {}
+                for path in paths[first:] + paths[:first]:
+                    topic = new_topic(admin)
+                    if path == paths[0]:
+                        copies = copies_for(bootstrap, str(Path(scratch) / f"{number}-copies.db"),
+                                            topic, rows + 1)
+                        timings[path] = baseline(bootstrap, copies, meter)
+                    else:
+                        url = str(Path(scratch) / f"{number}.db") if path == paths[1] else pg_url
+                        timings[path] = scheduler_run(bootstrap, url, topic, rows, meter)
+                    kafka.delete_topics(admin, [topic])
+                rounds.append(timings)
     finally:
         if postgres is not None:
             postgres.stop()

@@ -9,7 +9,8 @@ backoff. Throughput is N over the time from the first handler call to the last r
 The store's scheduler runs as it is deployed: `redrive store run`, a process of its own.
 
 Each figure is the median of --runs rounds (3 by default), a round measuring the three paths back
-to back, and each ratio is taken within its round.
+to back, in an order rotated from round to round, and each ratio is taken within its round. Every
+run has a topic of its own, starts once the broker is idle, and deletes its topics after it.
 
 S1  records/s through the store path (fail -> store -> due -> scheduler republishes -> succeed),
     SQLite / the retry-topic path (fail -> retry topic -> due -> succeed).
@@ -32,10 +33,13 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
+from common import CpuMeter, settle
 from redrive import kafka
 from redrive.backends import RetryBackend, RetryTopics
 from redrive.cli.formatting import table
@@ -101,12 +105,17 @@ class Run:
         return self.records / max(0.001, (self.last_ms - (self.first_ms or 0)) / 1000)
 
 
-def measure(bootstrap: str, records: int, backend: RetryBackend, timeout_s: float) -> Run:
+def measure(bootstrap: str, records: int, backend: RetryBackend, timeout_s: float,
+            meter: CpuMeter) -> Run:
+    """One path's run on a topic of its own, started once the broker is idle, its topics deleted
+    after it: noida-db rewrites all it holds after every write, so whatever a run left or set off
+    would slow the paths after it."""
     topic = fill(bootstrap, records)
     run = Run(records)
     consumer = RetryingConsumer(bootstrap, topic, f"bench-{uuid.uuid4().hex[:8]}",
                                 RetryPolicy(backoff=Backoff.fixed(BACKOFF)), run.handle,
                                 config=GROUP_CONFIG, retry_backend=backend)
+    settle(meter)
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
@@ -114,12 +123,18 @@ def measure(bootstrap: str, records: int, backend: RetryBackend, timeout_s: floa
         time.sleep(0.02)
     consumer.stop()
     thread.join(60)
+    admin = kafka.admin(bootstrap)
+    existing = kafka.topic_partitions(admin)
+    kafka.delete_topics(admin, [name for name in (topic, *(
+        name for plan in consumer.plans.values() for name in plan.created_topics))
+        if name in existing])
     return run
 
 
-def start_scheduler(bootstrap: str, url: str, store: RetryStore) -> subprocess.Popen[bytes]:
+def start_scheduler(bootstrap: str, url: str,
+                    store: RetryStore) -> tuple[subprocess.Popen[bytes], str]:
     """`redrive store run` on the store, returned once it has republished a first row (so its
-    connections are made before the measured run)."""
+    connections are made before the measured run), with the topic of that row."""
     warm_up = fill(bootstrap, 0)
     at = now_ms()
     store.write([Entry(group="bench-warm-up", topic=warm_up, partition=0, offset=0,
@@ -136,19 +151,25 @@ def start_scheduler(bootstrap: str, url: str, store: RetryStore) -> subprocess.P
             raise SystemExit("the store scheduler did not start: "
                              + (process.communicate()[1] or b"").decode(errors="replace"))
         time.sleep(0.05)
-    return process
+    return process, warm_up
 
 
-def store_run(bootstrap: str, records: int, url: str,
-              timeout_s: float) -> tuple[Run, list[int]]:
+def topics_run(bootstrap: str, records: int, timeout_s: float,
+               meter: CpuMeter) -> tuple[Run, list[int]]:
+    return measure(bootstrap, records, RetryTopics(), timeout_s, meter), []
+
+
+def store_run(bootstrap: str, records: int, url: str, timeout_s: float,
+              meter: CpuMeter) -> tuple[Run, list[int]]:
     store = RetryStore(url)
     try:
-        scheduler = start_scheduler(bootstrap, url, store)
+        scheduler, warm_up = start_scheduler(bootstrap, url, store)
         try:
-            run = measure(bootstrap, records, StoreBackend(store), timeout_s)
+            run = measure(bootstrap, records, StoreBackend(store), timeout_s, meter)
         finally:
             scheduler.terminate()
             scheduler.wait(60)
+            kafka.delete_topics(kafka.admin(bootstrap), [warm_up])
         rows = store.find(RowFilter(), limit=None)
         lateness = [r.dispatched_ms - r.due_ms for r in rows
                     if r.dispatched_ms is not None and r.group != "bench-warm-up"]
@@ -182,20 +203,25 @@ def main() -> None:
     broker = None if args.bootstrap else DevBroker("noida-db").start(timeout_s=60)
     postgres = None if args.postgres else DevPostgres(durable=True).start()
     bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
+    meter = CpuMeter(broker.pid if broker else None)
     paths = ("retry topics", "store: SQLite", "store: PostgreSQL")
     # One round measures each path once, back to back; ratios are taken within a round, since
-    # this machine's speed drifts between minutes (the retry-topic path from 5k to 15k/s).
+    # this machine's speed drifts between minutes (the retry-topic path from 5k to 15k/s). The
+    # order rotates from round to round, so that no path always runs first or last.
     rounds: list[dict[str, tuple[Run, list[int]]]] = []
     try:
         with TemporaryDirectory(prefix="redrive-bench-store-") as scratch:
             for number in range(args.runs):
                 pg_url = args.postgres or (postgres.create_database() if postgres else "")
                 sqlite_path = str(Path(scratch) / f"bench-{number}.db")
-                rounds.append({
-                    paths[0]: (measure(bootstrap, records, RetryTopics(), timeout_s), []),
-                    paths[1]: store_run(bootstrap, records, sqlite_path, timeout_s),
-                    paths[2]: store_run(bootstrap, records, pg_url, timeout_s),
-                })
+                runs: dict[str, Callable[[], tuple[Run, list[int]]]] = {
+                    paths[0]: partial(topics_run, bootstrap, records, timeout_s, meter),
+                    paths[1]: partial(store_run, bootstrap, records, sqlite_path, timeout_s,
+                                      meter),
+                    paths[2]: partial(store_run, bootstrap, records, pg_url, timeout_s, meter),
+                }
+                first = number % len(paths)
+                rounds.append({path: runs[path]() for path in paths[first:] + paths[:first]})
     finally:
         if postgres is not None:
             postgres.stop()
