@@ -3,11 +3,13 @@
     python bench/unfit.py [--records N] [--unfit 0,1,4] [--runs N] [--bootstrap HOST:PORT] [--json]
 
 Starts its own noida-db unless --bootstrap is given. For each count in --unfit it fills a
-2-partition topic with --records integer values, that many of them 'abc' (spread evenly), and
+2-partition topic with --records integer values, that many of them 'abc' (spread over the topic
+and its partitions in turn), and
 runs a DataFrame-form RetryPipeline over it in one micro-batch: the transform casts each value to
 int under ANSI mode, so each 'abc' fails the whole job until the pipeline has isolated it. It
 prints the run's time, the batch's `isolate` step and the ratio of the run's time to the run with
-no such record (measured in the same round). Medians of --runs rounds.
+no such record (measured in the same round). Medians of --runs rounds. It does not count Spark
+jobs.
 """
 
 from __future__ import annotations
@@ -33,14 +35,24 @@ from redrive.spark.sql import functions
 PARTITIONS = 2
 
 
+def unfit_indices(records: int, unfit: int) -> set[int]:
+    """Which records are 'abc': the k-th in the middle of the k-th share of the topic, moved to
+    the next index whose partition (index % PARTITIONS) is k % PARTITIONS, so that they fall in
+    every partition in turn and the search halves more than one partition's range."""
+    if not unfit:
+        return set()
+    every = records // unfit
+    middles = (k * every + every // 2 for k in range(unfit))
+    return {i + (k - i) % PARTITIONS for k, i in enumerate(middles)}
+
+
 def fill(bootstrap: str, records: int, unfit: int) -> str:
     topic = f"bench-unfit-{uuid.uuid4().hex[:8]}"
     kafka.create_topics(kafka.admin(bootstrap), {topic: PARTITIONS})
     producer = kafka.producer(bootstrap, overrides={"linger.ms": 20, "batch.size": 1_000_000})
-    every = records // unfit if unfit else 0
+    bad = unfit_indices(records, unfit)
     for i in range(records):
-        bad = every and i % every == every // 2
-        kafka.produce(producer, kafka.OutRecord(topic, b"abc" if bad else b"%d" % i,
+        kafka.produce(producer, kafka.OutRecord(topic, b"abc" if i in bad else b"%d" % i,
                                                 partition=i % PARTITIONS))
     if producer.flush(120) != 0:
         raise SystemExit(f"filling {topic}: records still unconfirmed after 120 s")
