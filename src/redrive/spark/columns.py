@@ -9,10 +9,16 @@ batch as Arrow: a batch where no header name starts with `redrive-` (a main topi
 batches) gets constant columns, and each row that carries such headers is decoded by
 `headers.read_delivery`, the function every other runtime uses, so all of them agree on what is
 malformed and why.
+
+A header name that is not UTF-8 cannot be shown as Spark's string: every reader shows it with
+U+FFFD for each invalid sequence (the C readers' Arrow builder, the Python reader through them),
+so the row is the same whichever read it, and its `malformed` says so: the headers shown are not
+the ones the producer wrote, and a copy made from them would not be either.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +50,19 @@ REDRIVE_TYPE = StructType([
     StructField("malformed", StringType()),
 ])
 FIELDS = tuple(REDRIVE_TYPE.names)
+# What the readers put for each invalid UTF-8 sequence of a header name. A name that holds it as
+# written is taken as unreadable too: Spark's string column cannot tell the two apart.
+REPLACEMENT = "\ufffd"
+
+
+def unreadable_name(pairs: Sequence[tuple[str, bytes | None]]) -> MalformedHeader | None:
+    """Why the record's headers, as the source shows them, are not the ones it carries; None
+    when every header name was UTF-8."""
+    for name, value in pairs:
+        if REPLACEMENT in name:
+            return MalformedHeader(name, value, "the header name is not UTF-8 (each invalid "
+                                   "sequence is shown as U+FFFD)")
+    return None
 
 
 def arrow_type() -> pa.StructType:
@@ -59,7 +78,8 @@ def with_redrive_column(batch: pa.RecordBatch, kind: pa.StructType) -> pa.Record
     (`arrow_type()`, made once by the caller)."""
     headers = batch.column("headers")
     pairs = pc.list_flatten(headers)
-    carrying = pc.starts_with(pairs.field("key"), h.PREFIX)
+    names = pairs.field("key")
+    carrying = pc.or_(pc.starts_with(names, h.PREFIX), pc.match_substring(names, REPLACEMENT))
     rows = batch.num_rows
     if not pc.any(carrying).as_py():
         column = _plain(rows, kind)
@@ -91,6 +111,9 @@ def _decoded(rows: int, kind: pa.StructType, tagged: list[int],
 def _fields(pairs: list[tuple[str, bytes]]) -> dict[str, Any]:
     """One record's fields of the column; times in µs, as Arrow's timestamps here."""
     try:
+        unreadable = unreadable_name(pairs)
+        if unreadable is not None:
+            raise unreadable
         delivery = h.read_delivery(pairs)
     except MalformedHeader as exc:
         # The group still says whose the copy is: the others skip it (see RetryStream.mine).

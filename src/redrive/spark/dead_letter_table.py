@@ -24,6 +24,7 @@ from redrive import headers as h
 from redrive import kafka, topics
 from redrive.dead_letter_headers import read_dead_letter
 from redrive.errors import InvalidArgument, MalformedHeader, UnknownTopic
+from redrive.spark.columns import unreadable_name
 from redrive.spark.source import SOURCE_NAME, register
 
 _STAMP = pa.timestamp("us", tz="UTC")
@@ -81,6 +82,16 @@ def _in_range(out: dict[str, Any]) -> dict[str, Any]:
 
 def story(headers: list[tuple[str, bytes]]) -> dict[str, Any]:
     """The `_STORY` columns of one record (absent keys are null)."""
+    out = _story(headers)
+    # A dead letter a foreign producer wrote with a header name that is not UTF-8: its story is
+    # read from the other headers, and `problem` says which it shows with U+FFFD.
+    unreadable = unreadable_name(headers)
+    if unreadable is not None:
+        out["problem"] = "; ".join(filter(None, (str(unreadable), out.get("problem"))))
+    return out
+
+
+def _story(headers: list[tuple[str, bytes]]) -> dict[str, Any]:
     try:
         info = read_dead_letter(headers)
     except MalformedHeader as exc:

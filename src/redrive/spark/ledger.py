@@ -24,6 +24,7 @@ from redrive import headers as h
 from redrive import kafka, topics
 from redrive.errors import MalformedHeader
 from redrive.kafka.ranges import PartitionRange, read_ranges
+from redrive.kafka.records import readable_headers
 
 ROUTING, DONE = "routing", "done"
 # A copy is known by its origin and the attempt it carries: a replayed batch routes the same
@@ -148,9 +149,12 @@ def copies_since(connection: kafka.Connection, marks: Mapping[str, int],
         return found
     own = (group.encode(), None)
     for message in read_ranges(connection, ranges, idle_s=_READ_IDLE_S):
-        headers = message.headers() or []
+        # redrive writes UTF-8 header names only: a record with others is no copy of its own.
+        headers, unreadable = readable_headers(message)
+        if unreadable is not None:
+            continue
         key = copy_key(headers)
-        if key is not None and h.last(h.normalize(headers), h.GROUP) in own:
+        if key is not None and h.last(headers, h.GROUP) in own:
             found.add(key)
     return found
 

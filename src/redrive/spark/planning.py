@@ -27,7 +27,6 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, T
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from redrive import gate, kafka
-from redrive import headers as h
 from redrive.errors import BrokerUnavailable, RedriveError
 from redrive.kafka.ranges import (
     CONSUME_BATCH,
@@ -36,7 +35,7 @@ from redrive.kafka.ranges import (
     RangeReader,
     range_consumer,
 )
-from redrive.kafka.records import PartitionKey
+from redrive.kafka.records import PartitionKey, readable_headers
 from redrive.spark.options import (
     EARLIEST,
     LATEST,
@@ -124,10 +123,11 @@ class Scan:
 
 
 def _due(message: Message) -> int | None:
-    raw = message.headers()
-    if not raw or isinstance(raw, dict):
-        return None
-    return gate.due_of(h.normalize(raw))
+    # A record whose header names are not all UTF-8 is due now: the reader shows it with
+    # `redrive.malformed` set, for the pipeline to dead-letter; held, it would stall its
+    # partition for good.
+    headers, unreadable = readable_headers(message)
+    return None if unreadable is not None else gate.due_of(headers)
 
 
 class Broker:

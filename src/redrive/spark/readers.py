@@ -35,6 +35,7 @@ from redrive.kafka.ranges import (
     RangeReadFailed,
     range_consumer,
 )
+from redrive.kafka.records import _HEADERS
 from redrive.spark import buffers
 from redrive.spark.columns import arrow_type, with_redrive_column
 from redrive.spark.gc_pause import gc_paused
@@ -71,6 +72,38 @@ def _size(items: list[bytes | None]) -> int:
         return sum(len(item) for item in items if item is not None)
 
 
+@dataclass(frozen=True)
+class _Unreadable:
+    """A message whose header names are not all UTF-8: its row, offset, and the one such name
+    confluent-kafka's error names."""
+
+    row: int
+    offset: int
+    name: bytes
+
+
+def _header_lists(messages: Sequence[Message], first_row: int, offsets: Sequence[int]
+                  ) -> tuple[list[Any], list[_Unreadable]]:
+    """Each message's headers as confluent-kafka gives them (None for none), and the messages
+    whose headers it cannot read, with None in their place."""
+    found: list[Any] = []
+    unreadable: list[_Unreadable] = []
+    rest = iter(messages)
+    while True:
+        try:
+            # One C-level call per message while every name is UTF-8. On a failure, extend
+            # keeps what it appended and `rest` resumes after the message that failed, whose
+            # headers must not be asked for again (see redrive.kafka.records._HEADERS).
+            found.extend(map(_HEADERS, rest))
+            return [pairs or None for pairs in found], unreadable
+        except SystemError as exc:
+            cause = exc.__cause__
+            name = cause.object if isinstance(cause, UnicodeDecodeError) else b""
+            unreadable.append(_Unreadable(first_row + len(found), offsets[len(found)],
+                                          bytes(name)))
+            found.append(None)
+
+
 @dataclass
 class _Columns:
     """Column builders for one Arrow batch; the Arrow types come from Spark's own conversion of
@@ -89,16 +122,21 @@ class _Columns:
     headers: list[Any] = field(default_factory=list)
     nbytes: int = 0
 
-    def add(self, messages: Sequence[Message], offsets: Sequence[int]) -> None:
+    def add(self, messages: Sequence[Message], offsets: Sequence[int]) -> list[_Unreadable]:
+        """Adds the messages; returns those whose headers confluent-kafka cannot read, whose
+        rows hold None in `headers` until set."""
+        unreadable: list[_Unreadable] = []
+        if self.include_headers:
+            found, unreadable = _header_lists(messages, len(self.offsets), offsets)
+            self.headers += found
         keys = list(map(Message.key, messages))
         values = list(map(Message.value, messages))
         self.keys += keys
         self.values += values
         self.offsets += offsets
         self.stamps += chain.from_iterable(map(Message.timestamp, messages))
-        if self.include_headers:
-            self.headers += [m.headers() or None for m in messages]
         self.nbytes += _size(keys) + _size(values)
+        return unreadable
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -232,7 +270,9 @@ def _read_python(options: SourceOptions, part: KafkaRange,
             with gc_paused():
                 chunk = next(chunks, None)
                 if chunk is not None:
-                    columns.add(chunk.messages, chunk.offsets)
+                    for record in columns.add(chunk.messages, chunk.offsets):
+                        columns.headers[record.row] = _headers_read_again(options, part,
+                                                                          record, schema)
                 full = (len(columns) >= ARROW_BATCH_ROWS
                         or columns.nbytes >= ARROW_BATCH_BYTES)
                 ready = columns.batch(schema) if full or (chunk is None and len(columns)) \
@@ -243,6 +283,29 @@ def _read_python(options: SourceOptions, part: KafkaRange,
                 return
     finally:
         consumer.close()
+
+
+def _headers_read_again(options: SourceOptions, part: KafkaRange, record: _Unreadable,
+                        schema: pa.Schema) -> list[Any]:
+    """The headers of a record whose names confluent-kafka cannot decode, as the other readers
+    show them (invalid UTF-8 as U+FFFD), read again by the librdkafka reader: confluent-kafka
+    keeps no bytes of them once its decode failed. Where that reader is not built or cannot
+    read the broker, only the name its error gave is known, and the row holds that name alone."""
+    if native_reader_built():
+        try:
+            one = KafkaRange(part.topic, part.partition, record.offset, record.offset + 1)
+            batches = list(_read_native(options, one, schema))
+            if batches and batches[0].num_rows:
+                # As tuples, like the other rows' pairs: Arrow takes one form per column.
+                return [(pair["key"], pair["value"])
+                        for pair in batches[0].column("headers")[0].as_py() or ()]
+        except (RangeReadFailed, SourceOptionError) as exc:
+            log.warning("%s[%d]: offset %d: reading its headers with librdkafka failed: %s",
+                        part.topic, part.partition, record.offset, exc)
+    log.warning("%s[%d]: offset %d has a header name that is not UTF-8, which confluent-kafka "
+                "cannot read; its headers are shown as that one name, without a value",
+                part.topic, part.partition, record.offset)
+    return [(record.name.decode("utf-8", "replace"), None)]
 
 
 def _native_reader(options: SourceOptions, part: KafkaRange) -> NativeReader:

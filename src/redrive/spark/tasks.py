@@ -27,6 +27,7 @@ from redrive.oversize import slimmed
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Route, route
+from redrive.spark.columns import unreadable_name
 from redrive.spark.gc_pause import gc_paused
 from redrive.spark.ledger import CopyKey, copies_since, copy_key
 from redrive.spark.outcomes import DEAD_LETTER, FAILED, OK, RETRY, SKIPPED
@@ -203,9 +204,12 @@ def admit(row: Mapping[str, Any], group: str,
     refused = skip.get((record.topic, record.partition, record.offset)) if skip else None
     if refused is not None:
         return record, Outcome(SKIPPED, skip_reason=refused)
-    if not h.has_redrive(record.headers):
+    unreadable = unreadable_name(record.headers)
+    if unreadable is None and not h.has_redrive(record.headers):
         return record, None
     try:
+        if unreadable is not None:
+            raise unreadable
         delivery = h.read_delivery(record.headers)
     except MalformedHeader as exc:
         owner = h.readable_group(record.headers)
@@ -399,9 +403,16 @@ def _routed(record: Record, error: ErrorInfo, first: FirstFailures, partitions: 
             ) -> tuple[Route, str, str | None, int | None]:
     """A failed record's route, the route's kind and dead-letter reason (None for a retry), and
     the copy's partition."""
-    decision = first.route(record.topic, record.partition, record.offset, record.timestamp_ms,
-                           record.headers, error) \
-        or route(record, error, first.policy, first.now_ms, group=first.group)
+    # A header name shown with U+FFFD parses as no redrive header, so routing alone would take
+    # the row's MalformedHeader for a user's error to retry: it is a malformed dead letter.
+    unreadable = unreadable_name(record.headers)
+    if unreadable is not None:
+        decision: Route = route(record, unreadable, first.policy, first.now_ms,
+                                group=first.group)
+    else:
+        decision = first.route(record.topic, record.partition, record.offset,
+                               record.timestamp_ms, record.headers, error) \
+            or route(record, error, first.policy, first.now_ms, group=first.group)
     kind, reason = ((DEAD_LETTER, decision.reason) if isinstance(decision, DeadLetter)
                     else (RETRY, None))
     count = partitions.get(decision.topic, 0) if decision.topic is not None else 0
