@@ -26,6 +26,7 @@ class MalformedHeader(RedriveError, ValueError):
     def __init__(self, header: str, value: bytes | str | None, why: str) -> None:
         self.header = header
         self.value = value
+        self.why = why
         super().__init__(f"malformed header {header}={value!r}: {why}")
 
 

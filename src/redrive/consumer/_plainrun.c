@@ -130,6 +130,27 @@ static int method_is_none(PyObject *message, int method) {
     return none;
 }
 
+/* A header name that is not UTF-8 failed headers() with a SystemError and left the message a
+ * half-built list that later calls hand back: redrive.kafka.records.mark_unreadable puts a list
+ * naming the header in its place, which the runtime dead-letters as malformed. 0 (not a plain
+ * record) once marked, -1 on error. */
+static int mark_unreadable(PyObject *message) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    PyObject *records = PyImport_ImportModule("redrive.kafka.records");
+    PyObject *marked = records == NULL ? NULL
+        : PyObject_CallMethod(records, "mark_unreadable", "OO", message, value);
+    Py_XDECREF(records);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    if (marked == NULL)
+        return -1;
+    Py_DECREF(marked);
+    return 0;
+}
+
 /* 1 when the method returns a value equal to expected, 0 when not, -1 on error. */
 static int method_equals(PyObject *message, int method, PyObject *expected) {
     PyObject *result = call_method(message, method);
@@ -315,8 +336,11 @@ static PyObject *handle_plain(PyObject *module, PyObject *const *args, Py_ssize_
         }
         message = Py_NewRef(PySequence_Fast_GET_ITEM(sequence, index));
         int plain = method_is_none(message, M_ERROR);
-        if (plain > 0)
+        if (plain > 0) {
             plain = method_is_none(message, M_HEADERS);
+            if (plain < 0 && PyErr_ExceptionMatches(PyExc_SystemError))
+                plain = mark_unreadable(message);
+        }
         if (plain > 0)
             plain = method_equals(message, M_PARTITION, partition);
         if (plain > 0)

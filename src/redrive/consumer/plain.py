@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from redrive.kafka.records import headers_or_malformed
 from redrive.record import NO_HISTORY, Record, RecordDraft
 
 Handler = Callable[[Record], object]
@@ -52,7 +53,7 @@ def handle_plain_python(messages: Sequence[Message], start: int, topic: str, par
     handled, last = 0, -1
     while index < count and not stop[0]:
         message = messages[index]
-        if message.error() is not None or message.headers() is not None \
+        if message.error() is not None or headers_or_malformed(message) is not None \
                 or message.partition() != partition or message.topic() != topic:
             break
         offset: int = message.offset()  # type: ignore[assignment]

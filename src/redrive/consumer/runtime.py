@@ -62,7 +62,7 @@ from redrive.consumer.routes import Routes
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Why
-from redrive.kafka.records import PartitionKey
+from redrive.kafka.records import PartitionKey, headers_or_malformed
 from redrive.kafka.transactions import TransactionalProducer
 from redrive.metrics import SKIPPED_OTHER_GROUP, Metrics
 from redrive.policy import Disposition, RetryPolicy
@@ -367,7 +367,7 @@ class RetryingConsumer:
                     first[tp] = offset
             if skip:
                 continue
-            raw_headers = message.headers()
+            raw_headers = headers_or_malformed(message)
             if raw_headers is not None or not plain:
                 if ok:
                     processed[main] += ok
@@ -415,9 +415,9 @@ class RetryingConsumer:
         for message in messages:
             if message.error() is not None:
                 continue
-            raw_headers = message.headers()
-            if raw_headers is None and not every:
-                continue
+            raw_headers = headers_or_malformed(message)
+            if (raw_headers is None and not every) or isinstance(raw_headers, MalformedHeader):
+                continue  # one whose header names cannot be read is dead-lettered, not admitted
             headers = h.normalize(raw_headers)
             delivery = NO_HISTORY
             if headers and h.has_redrive(headers):
@@ -436,8 +436,9 @@ class RetryingConsumer:
 
     def _handle(self, message: Message, tp: PartitionKey, offset: int, batch: Batch,
                 raw_headers: Any, main: str) -> None:
-        headers = h.normalize(raw_headers)
-        malformed: MalformedHeader | None = None
+        # Header names that are not UTF-8 make the record malformed: its headers cannot be read.
+        malformed = raw_headers if isinstance(raw_headers, MalformedHeader) else None
+        headers = h.normalize(None if malformed is not None else raw_headers)
         delivery = NO_HISTORY
         if headers:  # without redrive's headers read_delivery gives NO_HISTORY
             try:

@@ -351,12 +351,13 @@ class DelayService:
             if landed is not None and offset in landed:
                 yield None  # forwarded already, by a try that was refused another record
                 continue
-            record_headers = kafka.message_headers(message)
+            record_headers: list[tuple[str, bytes]] = []
             try:
+                record_headers = kafka.message_headers(message)  # a name not UTF-8: malformed
                 target, final_due = self._read(record_headers)
-            except _Malformed as bad:
-                batch.add(source, offset,
-                          self._dead_letter(message, record_headers, bad.error, now))
+            except (_Malformed, MalformedHeader) as bad:
+                error = bad.error if isinstance(bad, _Malformed) else bad
+                batch.add(source, offset, self._dead_letter(message, record_headers, error, now))
                 batch.malformed += 1
                 yield None
                 continue

@@ -80,8 +80,8 @@ def in_delay_tiers(connection: kafka.Connection, delay: DelayTiers, timeout_s: f
               for (topic, p), (start, high) in spans.items()]
     found: dict[Key, list[tuple[int, int | None]]] = {}
     for message in read_ranges(connection, ranges, idle_s=timeout_s) if ranges else ():
-        pairs = h.normalize(message.headers() or [])
         try:
+            pairs = kafka.message_headers(message)
             group, target = h.text_of(pairs, h.GROUP), h.text_of(pairs, h.TARGET)
             due = gate.due_of(pairs)
         except MalformedHeader:

@@ -21,6 +21,8 @@ from confluent_kafka import KafkaError, Message
 
 from redrive.consumer import _plainrun
 from redrive.consumer.plain import PlainRun, handle_plain, handle_plain_python
+from redrive.errors import MalformedHeader
+from redrive.kafka.records import raw_headers
 from redrive.record import NO_HISTORY, Record
 
 from ..fakes import FakeMessage
@@ -359,3 +361,45 @@ def test_a_handler_that_keeps_nothing_sees_each_message_whole(run: HandlePlain) 
     assert seen == [("orders", 2, offset, 1_700_000_000_000 + offset,
                      None if offset == 3 else b"k%d" % offset, f"v{offset}".encode(), [],
                      NO_HISTORY) for offset in range(5)]
+
+
+class UnreadableHeaderName:
+    """A message whose header name is not UTF-8, as confluent-kafka's Message behaves: the first
+    headers() fails with SystemError over the decode error, later ones return what set_headers
+    put (confluent-kafka would hand back its half-built list)."""
+
+    def __init__(self, offset: int) -> None:
+        self._offset, self._headers = offset, None
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "orders"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def headers(self) -> Any:
+        if self._headers is None:
+            cause = UnicodeDecodeError("utf-8", b"bad\xffname", 3, 4, "invalid start byte")
+            raise SystemError("headers returned a result with an exception set") from cause
+        return self._headers
+
+    def set_headers(self, headers: Any) -> None:
+        self._headers = headers
+
+
+def test_a_header_name_that_is_not_utf8_ends_the_run_and_marks_the_message(
+        run: HandlePlain) -> None:
+    seen: list[Record] = []
+    bad = UnreadableHeaderName(1)
+    assert run([message(0), bad, message(2)], 0, "orders", 0, collect(seen), 100, 100, [],
+               bytearray(1)) == (1, 1, 0, 99, None, None)
+    # the runtime reads it again and dead-letters it as malformed, naming the header's bytes
+    with pytest.raises(MalformedHeader, match=r"bad\\xffname.*not UTF-8") as raised:
+        raw_headers(bad)  # type: ignore[arg-type]
+    assert raised.value.value == b"bad\xffname"
