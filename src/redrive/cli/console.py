@@ -27,7 +27,7 @@ from redrive.errors import RedriveError
                    "[env: REDRIVE_UI_TOKEN]. On the command line it shows in `ps`: prefer "
                    "the variable or --token-file.")
 @click.option("--token-file", envvar="REDRIVE_UI_TOKEN_FILE", show_envvar=True, default=None,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              type=click.Path(dir_okay=False, path_type=Path),
               help="Read the token from this file (surrounding whitespace left out) "
                    "[env: REDRIVE_UI_TOKEN_FILE].")
 @click.option("--store-url", envvar="REDRIVE_STORE_URL", show_envvar=True, default=None,
@@ -45,7 +45,13 @@ def ui_command(bootstrap: str, host: str, port: int, allowed_hosts: tuple[str, .
         if token is not None:
             raise click.UsageError("give the token once: --token (or REDRIVE_UI_TOKEN) or "
                                    "--token-file")
-        token = token_file.read_text(encoding="utf-8").strip()
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            # Read when the console starts, not when the line is parsed: a README line names
+            # a file the reader has not made yet.
+            raise click.BadParameter(f"{token_file} cannot be read: {exc}",
+                                     param_hint="--token-file") from exc
         if not token:
             # An empty file would start a read-only console that seemed to have a token.
             raise click.BadParameter(f"{token_file} is empty", param_hint="--token-file")

@@ -195,6 +195,9 @@ def test_redrive_ui_reads_its_token_from_a_file_or_the_environment(
     empty = CliRunner().invoke(ui_command, ["--bootstrap", bootstrap,
                                             "--token-file", str(token_file)])
     assert empty.exit_code == 2 and "is empty" in empty.output
+    absent = CliRunner().invoke(ui_command, ["--bootstrap", bootstrap,
+                                             "--token-file", str(tmp_path / "absent")])
+    assert absent.exit_code == 2 and "absent cannot be read" in absent.output
 
 
 def test_a_retry_store_that_is_down_is_named_and_the_groups_still_show(
