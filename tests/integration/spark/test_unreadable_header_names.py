@@ -6,16 +6,26 @@ read past it."""
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyspark import cloudpickle
 
+from redrive import headers as h
 from redrive import kafka, topics
 from redrive.kafka.ranges import PartitionRange, read_ranges
-from redrive.spark import dead_letters, ledger, planning, readers
+from redrive.spark import RetryPipeline, dead_letters, ledger, planning, readers
 from redrive.spark.options import SourceOptions
 from redrive.spark.readers import KafkaRange, read_range
+from redrive.spark.sql import functions
+
+from . import pipeline_jobs  # its policy
+from .test_pipeline import read_all
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +99,32 @@ def test_dead_letters_lists_it_with_a_problem(bootstrap: str, new_topic: Any,
     assert rows[0]["problem"] is None and rows[2]["problem"] is None
     assert "not UTF-8" in rows[1]["problem"] and SHOWN in rows[1]["problem"]
     assert kafka.topic_partitions(kafka.admin(bootstrap))[topic] == 1
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("form", ["transform", "function"])
+def test_a_pipeline_dead_letters_it_as_malformed_and_writes_the_others(
+        spark: Any, bootstrap: str, new_topic: Any, unique_name: Any, tmp_path: Path,
+        form: str) -> None:
+    topic = new_topic(1)
+    group = unique_name(f"names-{form}")
+    produce_bad(bootstrap, topic)
+    shape: dict[str, Any] = (
+        {"transform": lambda frame: frame.select("topic", "partition", "offset", "value",
+                                                 functions(frame).lit(None).cast(
+                                                     "struct<type: string, message: string>")
+                                                 .alias("error"))}
+        if form == "transform" else
+        {"function": lambda record: {"value": record["value"]}, "output_schema": "value binary"})
+    stats = RetryPipeline(spark, bootstrap, topic, group, pipeline_jobs.POLICY,
+                          sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"),
+                          trigger_interval="200 milliseconds", **shape,
+                          ).run(until=lambda s: s.finished >= 3, timeout_s=120)
+    assert stats.dead_lettered_by_reason == {"malformed": 1}
+    written = spark.read.parquet(str(tmp_path / "out")).select("value").collect()
+    assert sorted(bytes(row["value"]) for row in written) == [b"a", b"c"]
+    [dead] = read_all(bootstrap, f"{topic}.{group}.dlt")
+    assert dead.value() == b"b"
+    headers = dict(kafka.message_headers(dead))
+    assert headers[h.REASON] == b"malformed"
+    assert b"not UTF-8" in headers[h.ERROR_MESSAGE]
