@@ -36,8 +36,12 @@ DOWN_AFTER = 3
 
 
 class WebhookFailed(RedriveError):
-    def __init__(self, url: str, why: str) -> None:
+    """transient: the receiver did not take any record just then (unreachable, timed out, 5xx,
+    408, 429), rather than refused this one."""
+
+    def __init__(self, url: str, why: str, *, transient: bool = False) -> None:
         self.url = url
+        self.transient = transient
         super().__init__(f"webhook {url}: {why}")
 
 
@@ -84,9 +88,10 @@ class Webhook:
             if 300 <= exc.code < 400:
                 raise WebhookFailed(self.url, f"HTTP {exc.code}, a redirect to "
                                     f"{exc.headers.get('Location')!r}, not followed") from exc
-            raise WebhookFailed(self.url, f"HTTP {exc.code}") from exc
+            raise WebhookFailed(self.url, f"HTTP {exc.code}",
+                                transient=exc.code >= 500 or exc.code in (408, 429)) from exc
         except (urllib.error.URLError, OSError) as exc:
-            raise WebhookFailed(self.url, str(exc)) from exc
+            raise WebhookFailed(self.url, str(exc), transient=True) from exc
         if not 200 <= status < 300:
             raise WebhookFailed(self.url, f"HTTP {status}")
 
@@ -108,11 +113,13 @@ class Notifier:
 
     A row that fails is set aside (`retry_after_s`, doubling with each failure held against it)
     while the others go on, and tried after them. Its failure is held against it only in a pass
-    where another row's notification went through: otherwise the receiver may be down for all
-    of them, and the rows are kept. After `tries` such failures the row is given up: logged as
-    an error and marked notified, so no scheduler tries it again. A pass stops once `DOWN_AFTER`
-    rows in a row failed, and after it, or after one in which nothing went through, the next
-    waits `retry_after_s`: a receiver that is down is not called once per row every pass.
+    where another row's notification went through and that did not end on a run of failures,
+    and only if the receiver refused the row (not a webhook unreachable, timed out, or answering
+    5xx, 408 or 429): otherwise the receiver may be down for all of them, and the rows are
+    kept. After `tries` such failures the row is given up: logged as an error and marked
+    notified, so no scheduler tries it again. A pass stops once `DOWN_AFTER` rows in a row
+    failed, and after it, or after one in which nothing went through, the next waits
+    `retry_after_s`: a receiver that is down is not called once per row every pass.
     """
 
     def __init__(self, hooks: Sequence[DeadHook], *, retry_after_s: float = 30.0,
@@ -158,7 +165,14 @@ class Notifier:
                 running += 1
                 if running >= DOWN_AFTER:
                     break
-            self._failed(batch, failed, held=done > 0)
+            # Failures count against their rows only where others went through, and not in a
+            # pass that ended on a run of them: the receiver may have gone down meanwhile.
+            self._failed(batch, failed, held=done > 0 and running < DOWN_AFTER)
+            if batch.rows and not ready:
+                # Every row claimed is set aside: claiming them each pass only to hand them
+                # back would write to the store for nothing.
+                soonest = min(failing.retry_at for failing in self._failing.values())
+                self._quiet_until = min(soonest, started + self.retry_after_s)
             if failed and (not done or running >= DOWN_AFTER):
                 row, hook, exc = failed[-1]
                 log.warning("notifications failing (the last: dead record %d, %r: %s); "
@@ -180,7 +194,7 @@ class Notifier:
         now = time.monotonic()
         for row, hook, exc in failed:
             failing = self._failing.setdefault(row.id, _Failing(now))
-            if held:
+            if held and not (isinstance(exc, WebhookFailed) and exc.transient):
                 failing.tries += 1
             if failing.tries >= self.tries:
                 log.error("giving up on notifying dead record %d: %r failed %d times while "

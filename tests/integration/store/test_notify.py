@@ -191,3 +191,48 @@ def test_a_schedulers_webhook_call_ends_well_within_its_claim(tmp_path: Path) ->
                     for hook in scheduler.notifier.hooks if isinstance(hook, Webhook)]
     assert (short.claim_s, default.claim_s) == (8.0, 60.0)
     assert timeouts == [2.0, 10.0]
+
+
+def test_a_receiver_that_fails_for_a_while_gets_no_row_given_up(store: RetryStore) -> None:
+    """A 5xx, 408, 429 or an unreachable receiver says nothing against the row: before, such
+    failures in passes where other rows went through gave rows up, marked notified unseen."""
+    dead_rows(store, "flaky", 3)
+    answers = iter(["ok", "503", "ok"] * 4)
+    calls: list[int] = []
+
+    def hook(row: StoredRetry) -> None:
+        calls.append(row.offset)
+        if next(answers) == "503":
+            raise WebhookFailed("http://receiver", "HTTP 503", transient=True)
+
+    notifier = Notifier([hook], retry_after_s=0, tries=1)
+    assert notifier.deliver(store, CLAIM_S) == 2
+    assert notifier.deliver(store, CLAIM_S) == 1  # tried again, not given up
+    assert calls == [0, 1, 2, 1]
+    assert all(mark is not None and mark > 0 for mark in notified_marks(store).values())
+
+
+def test_rows_all_set_aside_are_not_claimed_again_before_they_are_due(
+        store: RetryStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    dead_rows(store, "aside", 3)
+    claims: list[int] = []
+    take = store.take_unnotified
+
+    def counted(limit: int) -> Any:
+        claims.append(limit)
+        return take(limit)
+
+    monkeypatch.setattr(store, "take_unnotified", counted)
+
+    def hook(row: StoredRetry) -> None:
+        if row.offset == 0:
+            raise RuntimeError("refused")
+
+    notifier = Notifier([hook], retry_after_s=60)
+    assert notifier.deliver(store, CLAIM_S) == 2
+    for _ in range(5):
+        assert notifier.deliver(store, CLAIM_S) == 0
+    # the set-aside row claimed once more, then left until it is due; before, each pass
+    # claimed it and handed it back (two writes a pass)
+    assert len(claims) == 2
+    assert notified_marks(store)[0] is None
