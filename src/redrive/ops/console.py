@@ -480,11 +480,13 @@ def _pattern(field_name: str, expression: str | None) -> re2._Regexp[str] | None
         return None
     try:
         return re2.compile(expression, _RE2_OPTIONS)
+    except UnicodeEncodeError as exc:  # a lone surrogate, which JSON can carry: no UTF-8 form
+        raise InvalidArgument(field_name, expression, f"not a regular expression: {exc}") from exc
     except re2.error as exc:
         why = exc.args[0].decode(errors="replace") if exc.args and isinstance(
             exc.args[0], bytes) else str(exc)
         raise InvalidArgument(field_name, expression, f"not a regular expression (RE2 syntax: "
-                              f"no backreferences or lookaround): {why}") from exc
+                              f"no backreferences, lookaround or \\Z): {why}") from exc
 
 
 def _message_matches(letter: DeadLetterRecord, pattern: re2._Regexp[str]) -> bool:

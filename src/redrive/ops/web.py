@@ -47,7 +47,7 @@ from redrive.ops.waiting import DEFAULT_DELAY, DelayTiers
 from redrive.store import RetryStore, StoreUnavailable
 
 # The Host names a console on this machine is reached by, whatever else it is told.
-LOCAL_HOSTS = ("127.0.0.1", "localhost")
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).with_name("templates")))
 
 
@@ -263,7 +263,8 @@ def create_app(connection: kafka.Connection, *, token: str | None = None,
         except InvalidArgument as exc:
             return problem(request, exc, 400)
         return page(request, "dead_letters.html", dlt=dlt, filters=filters, view=shown,
-                    page=page_number, page_size=PAGE_SIZE, now=now_ms())
+                    page=page_number, page_size=PAGE_SIZE, max_page=MAX_PAGE,
+                    now=now_ms())
 
     @app.get("/api/dead-letters/{dlt}")
     def api_dead_letters(dlt: str, reason: str | None = None, error_type: str | None = None,

@@ -10,6 +10,7 @@ import json
 import subprocess
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from fastapi.testclient import TestClient
 from redrive import headers as h
 from redrive import kafka
 from redrive.cli.console import ui_command
+from redrive.ops.console import MAX_PAGE, Console, View
 from redrive.ops.replay import LOG_CONFIG, REPLAY_LOG
 from redrive.ops.web import LOCAL_HOSTS, create_app
 from redrive.store import RetryStore
@@ -264,3 +266,32 @@ def test_a_cause_link_keeps_the_filters_and_no_page_can_be_framed(
     for answer in [page, web.get("/"), web.get(f"/api/dead-letters/{dlt}")]:
         assert answer.headers["X-Frame-Options"] == "DENY"
         assert answer.headers["Content-Security-Policy"] == "frame-ancestors 'none'"
+
+
+def test_the_last_page_the_console_serves_links_to_no_page_past_it(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of a topic read only in part offers the older page, except the last one the
+    console serves, whose link answered 422."""
+    dlt = new_topic(name=f"{new_topic()}.{unique_name('last')}.dlt")
+    produce_records(bootstrap, dlt, [(b"k", b"v", story("boom"))])
+    web = client(bootstrap)
+    real = Console.view
+
+    def partly_read(self: Console, *args: Any, **kwargs: Any) -> View:
+        return replace(real(self, *args, **kwargs), matched=10**6, size=10**6)
+
+    monkeypatch.setattr(Console, "view", partly_read)
+    assert "older</a>" in web.get(f"/dead-letters/{dlt}?page={MAX_PAGE - 1}").text
+    last = web.get(f"/dead-letters/{dlt}?page={MAX_PAGE}")
+    assert last.status_code == 200 and "older</a>" not in last.text
+
+
+def test_ipv6_loopback_and_a_lone_surrogate_in_a_replays_message(bootstrap: str) -> None:
+    web = TestClient(create_app(bootstrap, token=TOKEN, timeout_s=5.0, hosts=LOCAL_HOSTS),
+                     base_url="http://[::1]:8765")
+    assert web.get("/api/dead-letter-topics").status_code == 200
+    # JSON may carry a lone surrogate, escaped; RE2 takes UTF-8, which has no form of it.
+    answer = web.post("/api/replay", content=b'{"dlt": "no-such.g.dlt", "message": "\\ud800"}',
+                      headers={**AUTH, "Content-Type": "application/json"})
+    assert answer.status_code == 400 and "not a regular expression" in answer.text
