@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from redrive.spark.checkpoint import query_id
 from redrive.spark.dead_letter_table import dead_letters
-from redrive.spark.failures import RouteCounts, route_failures
+from redrive.spark.failures import RouteCounts, route_failures, succeeded
 from redrive.spark.options import SourceOptionError, SourceOptions, kafka_schema
 from redrive.spark.outcomes import PipelineStats
 from redrive.spark.pipeline import RetryPipeline
@@ -33,5 +33,6 @@ __all__ = [
     "register",
     "retry_stream",
     "route_failures",
+    "succeeded",
     "write_to_kafka",
 ]

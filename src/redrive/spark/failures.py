@@ -113,6 +113,16 @@ def routing_rows(frame: Any, error_column: str | None, source: Any = None) -> An
     return joined.select(*tasks.ROUTING_COLUMNS)
 
 
+def succeeded(batch: Any, error_column: str = "error") -> Any:
+    """The rows of `batch` that route_failures copies nowhere, to write to your sink: its error
+    column says no failure (null, or a struct whose type and message are both null), and, where
+    the batch has the `redrive` column, its redrive headers were readable."""
+    ok = ~error_set(batch, error_column)
+    if REDRIVE_COLUMN in batch.columns:
+        ok = ok & functions(batch).col(REDRIVE_COLUMN).getField("malformed").isNull()
+    return ok
+
+
 def _require(frame: Any, columns: Iterable[str], why: str) -> None:
     missing = [name for name in columns if name not in frame.columns]
     if missing:
@@ -160,11 +170,12 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     """Copy the failed rows of a micro-batch to their retry or dead-letter topic.
 
     Call it inside your own foreachBatch, on the DataFrame your transform made of the batch
-    `retry_stream` gave you. Returns once every copy is acknowledged (raises otherwise, so Spark
-    does not commit the batch), with the number of records per route. A record with several
-    failed rows is copied once where its rows share a partition of `batch`; after a shuffle (a
-    join, a repartition), pass `source=` the batch `retry_stream` gave you, from which the
-    failed records are then joined.
+    `retry_stream` gave you; write `batch.where(succeeded(batch))` to your sink (a row whose
+    error struct has a null type and a null message counts as a success). Returns once every
+    copy is acknowledged (raises otherwise, so Spark does not commit the batch), with the
+    number of records per route. A record with several failed rows is copied once where its
+    rows share a partition of `batch`; after a shuffle (a join, a repartition), pass `source=`
+    the batch `retry_stream` gave you, from which the failed records are then joined.
 
     Pass `batch_id=` foreachBatch's batch id, and `checkpoint=` the query's checkpointLocation,
     so that a batch Spark runs again (after a crash, or a write of yours that failed after this

@@ -12,7 +12,7 @@ import pytest
 from pyspark import cloudpickle
 
 from redrive import kafka
-from redrive.spark import query_id, route_failures
+from redrive.spark import query_id, route_failures, succeeded
 from redrive.spark.sql import functions
 
 from .test_dataframe_form import POLICY, produce
@@ -68,10 +68,14 @@ def test_an_error_struct_whose_fields_are_all_null_is_a_success(
     group = unique_name("null-fields")
     sent = produce(bootstrap, topic, ["ok"] * 4 + ["bad"] * 2)
     batch = batch_of(spark, bootstrap, topic)
-    counts = route_failures(batch.withColumn("error", error_when_bad(batch)), bootstrap, group,
-                            POLICY)
+    checked = batch.withColumn("error", error_when_bad(batch))
+    counts = route_failures(checked, bootstrap, group, POLICY)
     assert (counts.total, counts.dead_lettered) == (2, 2)
     assert {r.reason for r in counts} == {"not-retryable"}
+    # what a sink of the user's own gets: every row route_failures copied nowhere
+    written = checked.where(succeeded(checked)).select("key").collect()
+    assert sorted(bytes(row["key"]).decode() for row in written) == sorted(
+        key for key, kind in sent.items() if kind == "ok")
     dead = read_all(bootstrap, f"{topic}.{group}.dlt")
     assert sorted(m.key().decode() for m in dead) == sorted(
         key for key, kind in sent.items() if kind == "bad")
