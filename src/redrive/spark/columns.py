@@ -79,7 +79,10 @@ def with_redrive_column(batch: pa.RecordBatch, kind: pa.StructType) -> pa.Record
     headers = batch.column("headers")
     pairs = pc.list_flatten(headers)
     names = pairs.field("key")
-    carrying = pc.or_(pc.starts_with(names, h.PREFIX), pc.match_substring(names, REPLACEMENT))
+    carrying = pc.starts_with(names, h.PREFIX)
+    # Only a name that is not ASCII can hold U+FFFD: the common batch skips the search.
+    if not pc.all(pc.string_is_ascii(names)).as_py():
+        carrying = pc.or_(carrying, pc.match_substring(names, REPLACEMENT))
     rows = batch.num_rows
     if not pc.any(carrying).as_py():
         column = _plain(rows, kind)
