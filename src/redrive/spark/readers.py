@@ -35,7 +35,6 @@ from redrive.kafka.ranges import (
     RangeReadFailed,
     range_consumer,
 )
-from redrive.kafka.records import _HEADERS
 from redrive.spark import buffers
 from redrive.spark.columns import arrow_type, with_redrive_column
 from redrive.spark.gc_pause import gc_paused
@@ -91,14 +90,16 @@ def _header_lists(messages: Sequence[Message], first_row: int, offsets: Sequence
     rest = iter(messages)
     while True:
         try:
-            # One C-level call per message while every name is UTF-8. On a failure, extend
-            # keeps what it appended and `rest` resumes after the message that failed, whose
-            # headers must not be asked for again (see redrive.kafka.records._HEADERS).
-            found.extend(map(_HEADERS, rest))
+            # One C-level call per message while every name is UTF-8, through map's checked
+            # call (see redrive.kafka.records._HEADERS). On a failure, extend keeps what it
+            # appended and `rest` resumes after the message that failed, whose headers must
+            # not be asked for again.
+            found.extend(map(Message.headers, rest))
             return [pairs or None for pairs in found], unreadable
         except SystemError as exc:
             cause = exc.__cause__
-            name = cause.object if isinstance(cause, UnicodeDecodeError) else b""
+            # Without the decode error's bytes, a name that shows it cannot be read.
+            name = cause.object if isinstance(cause, UnicodeDecodeError) else b"\xff"
             unreadable.append(_Unreadable(first_row + len(found), offsets[len(found)],
                                           bytes(name)))
             found.append(None)
