@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from redrive.errors import RedriveError
 from redrive.kafka.admin import watermarks
 from redrive.kafka.config import Connection, consumer
-from redrive.kafka.records import PartitionKey, consumed
+from redrive.kafka.records import PartitionKey, consumed, readable_headers
 from redrive.record import Record
 
 log = logging.getLogger(__name__)
@@ -325,7 +325,10 @@ def heads(connection: Connection, ranges: Sequence[PartitionRange], *,
     try:
         reader = RangeReader(reader_consumer, ranges, idle_s=idle_s, errors=errors)
         for chunk in reader.chunks():
-            found[chunk.range.key] = consumed(chunk.messages[0])
+            head = chunk.messages[0]
+            # One whose header names are not UTF-8 is shown without its headers: a due time
+            # cannot be read from them.
+            found[chunk.range.key] = consumed(head, headers=readable_headers(head)[0])
             reader.finish(chunk.range.key)
     finally:
         reader_consumer.close()
