@@ -186,7 +186,9 @@ def write_to_kafka(df: DataFrame, connection: kafka.Connection, default_topic: s
     any record was not acknowledged within `timeout_s` per task. Usable from foreachBatch; persist
     the batch DataFrame first if it is used for more than this write.
     """
-    kafka.client_config(connection)  # a missing bootstrap address fails here, not on executors
+    # A missing bootstrap address or a refused override (acks 0: nothing would be acknowledged)
+    # fails here, not in every task on the executors.
+    kafka.producer_config(connection, overrides=producer_overrides)
     columns = ["value"]
     _check_type(df, "value", _BYTES_OR_TEXT, required=True)
     if _check_type(df, "key", _BYTES_OR_TEXT):

@@ -16,6 +16,7 @@ from pyspark.sql.types import (
 )
 
 from redrive import kafka
+from redrive.errors import InvalidArgument
 from redrive.spark import write_to_kafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -72,6 +73,15 @@ def test_a_null_header_value_stays_null(spark: Any, bootstrap: str, new_topic: A
     assert write_to_kafka(frame, bootstrap, default_topic=topic) == 1
     [message] = read_all(bootstrap, topic, 1)
     assert message.headers() == [("absent", None), ("empty", b""), ("x", b"1")]
+
+
+def test_an_override_that_would_leave_records_unacknowledged_is_refused_at_once(
+        spark: Any, bootstrap: str) -> None:
+    frame = spark.createDataFrame([(b"k", b"v", None, [], 0)], ROW_SCHEMA)
+    # Named here on the driver, not by every task on the executors.
+    with pytest.raises(InvalidArgument, match="acks"):
+        write_to_kafka(frame, bootstrap, default_topic="never-written",
+                       producer_overrides={"acks": 0})
 
 
 def test_topic_column_and_text_values(spark: Any, bootstrap: str, new_topic: Any) -> None:
