@@ -399,7 +399,9 @@ def test_a_header_name_that_is_not_utf8_ends_the_run_and_marks_the_message(
     bad = UnreadableHeaderName(1)
     assert run([message(0), bad, message(2)], 0, "orders", 0, collect(seen), 100, 100, [],
                bytearray(1)) == (1, 1, 0, 99, None, None)
-    # the runtime reads it again and dead-letters it as malformed, naming the header's bytes
+    # marked by the loop, so that the runtime reads it again and dead-letters it as malformed,
+    # naming the header's bytes
+    assert bad.headers() == [("redrive-unreadable-header-name", b"bad\xffname")]
     with pytest.raises(MalformedHeader, match=r"bad\\xffname.*not UTF-8") as raised:
         raw_headers(bad)  # type: ignore[arg-type]
     assert raised.value.value == b"bad\xffname"
