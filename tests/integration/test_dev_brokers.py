@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from redrive import kafka
+from redrive.dev import brokers
 from redrive.dev.brokers import DevBroker, DevBrokerError, binary_path
 from redrive.errors import BrokerUnavailable
 
@@ -320,3 +321,23 @@ def test_tansu_round_trip_keeps_key_value_and_headers(
     assert [(d.partition, d.offset) for d in delivered] == [(0, 0)]
     assert as_tuples(read_records(tansu.bootstrap, topic, 1)) == expected_tuples(delivered,
                                                                                 [record])
+
+
+def test_a_broker_that_crashed_and_was_reaped_is_not_signalled_as_a_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its pid, the id of its process group, may be another server's group by the time the
+    session stops it."""
+    dev = DevBroker("tansu", data_dir=tmp_path).start()
+    assert dev.pid is not None
+    os.kill(dev.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while dev.running and time.monotonic() < deadline:  # `running` reaps it
+        time.sleep(0.05)
+    assert not dev.running
+    signalled: list[tuple[int, signal.Signals]] = []
+    monkeypatch.setattr(brokers, "signal_group", lambda group, signum: signalled.append(
+        (group, signum)))
+    dev.stop()
+    dev.kill()
+    assert signalled == []
+    assert dev.pid is None

@@ -180,6 +180,11 @@ class DevBroker:
         process = self._process
         if process is None:
             return
+        if process.returncode is not None:
+            # Reaped already (a crash seen earlier): its pid, the group's id, may be another
+            # server's group by now.
+            self._forget()
+            return
         group = process.pid
         signal_group(group, signal.SIGTERM)
         try:
@@ -199,8 +204,9 @@ class DevBroker:
         process = self._process
         if process is None:
             return
-        signal_group(process.pid, signal.SIGKILL)
-        process.wait()
+        if process.returncode is None:  # else reaped already: see stop()
+            signal_group(process.pid, signal.SIGKILL)
+            process.wait()
         self._forget()
 
     def pause(self, seconds: float) -> None:
