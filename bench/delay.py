@@ -41,7 +41,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from common import percentile
+from common import CpuMeter, percentile, settle
 from redrive import kafka
 from redrive.cli.formatting import table
 from redrive.clock import now_ms
@@ -295,13 +295,16 @@ class Paired:
         return statistics.median(self.ratios)
 
 
-def paired(service: Callable[[], float], raw: Callable[[], float], rounds: int = 3) -> Paired:
-    """Each round runs both, alternating which goes first: the machine's speed drifts between
-    minutes, so a ratio is taken only between runs made side by side."""
+def paired(service: Callable[[], float], raw: Callable[[], float], meter: CpuMeter,
+           rounds: int = 3) -> Paired:
+    """Each round runs both, alternating which goes first, each on an idle broker: the
+    machine's speed drifts between minutes, so a ratio is taken only between runs made side by
+    side, and neither is charged with the rewrite the other set off."""
     out = Paired([], [])
     for round_ in range(rounds):
         runs = [(service, out.service), (raw, out.raw)]
         for measure, rates in runs if round_ % 2 == 0 else runs[::-1]:
+            settle(meter)
             rates.append(measure())
     return out
 
@@ -404,10 +407,11 @@ def main() -> int:
     started = time.monotonic()
     try:
         n = size.forward_records
+        meter = CpuMeter(brokers[0].pid if brokers else None)
         tx = paired(lambda: service_rate(bootstrap, n, at_least_once=False),
-                    lambda: raw_rate(bootstrap, n, transactional=True))
+                    lambda: raw_rate(bootstrap, n, transactional=True), meter)
         alo = paired(lambda: service_rate(bootstrap, n, at_least_once=True),
-                     lambda: raw_rate(bootstrap, n, transactional=False))
+                     lambda: raw_rate(bootstrap, n, transactional=False), meter)
         late = lateness(bootstrap, size.lateness_s)
         memory_broker = "the given broker"
         if args.bootstrap is None:

@@ -32,6 +32,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from fastapi.testclient import TestClient
 
+from common import CpuMeter, settle
 from redrive import kafka
 from redrive.dev.brokers import DevBroker
 from redrive.ops.web import create_app
@@ -145,6 +146,7 @@ def main() -> int:
         sample = read_some(bootstrap, dlt, args.replay * args.runs)
         kafka.create_topics(kafka.admin(bootstrap), {f"{main_topic}-raw": PARTITIONS})
         web = TestClient(create_app(bootstrap, token=TOKEN))
+        meter = CpuMeter(broker.pid if broker is not None else None)
         replays: list[float] = []
         produces: list[float] = []
         for run in range(args.runs):
@@ -163,6 +165,7 @@ def main() -> int:
                 produces.append(raw_produce_s(bootstrap, f"{main_topic}-raw", part))
 
             for step in (replay, produce) if run % 2 == 0 else (produce, replay):
+                settle(meter)  # neither charged with the rewrite the other set off
                 step()
     finally:
         if broker is not None:
