@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from redrive import kafka
-from redrive.dev import brokers
+from redrive.dev import brokers, lifetime
 from redrive.dev.brokers import DevBroker, DevBrokerError, binary_path
 from redrive.errors import BrokerUnavailable
 
@@ -283,7 +283,7 @@ def test_a_start_that_fails_kills_what_the_broker_started(tmp_path: Path) -> Non
 SERVE_SCRIPT = """
 import sys
 from pathlib import Path
-from redrive.dev import brokers
+from redrive.dev import brokers, lifetime
 brokers.binary_path = lambda kind: Path(sys.argv[1])
 brokers.serve("noida-db", None, sys.argv[2], timeout_s=60)
 """
@@ -335,8 +335,9 @@ def test_a_broker_that_crashed_and_was_reaped_is_not_signalled_as_a_group(
         time.sleep(0.05)
     assert not dev.running
     signalled: list[tuple[int, signal.Signals]] = []
-    monkeypatch.setattr(brokers, "signal_group", lambda group, signum: signalled.append(
-        (group, signum)))
+    for module in (brokers, lifetime):
+        monkeypatch.setattr(module, "signal_group", lambda group, signum: signalled.append(
+            (group, signum)))
     dev.stop()
     dev.kill()
     assert signalled == []

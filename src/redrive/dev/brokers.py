@@ -32,7 +32,7 @@ from typing import Any, Literal, cast, get_args
 from confluent_kafka import KafkaException
 
 from redrive import kafka
-from redrive.dev.lifetime import group_alive, signal_group, tied_to_parent
+from redrive.dev.lifetime import end_group, signal_group, tied_to_parent
 from redrive.dev.ports import HOST, free_port, port_in_use
 from redrive.errors import BrokerUnavailable, RedriveError
 from redrive.signals import stop_on_signals
@@ -41,8 +41,6 @@ Kind = Literal["noida-db", "tansu"]
 KINDS: tuple[str, ...] = get_args(Kind)
 READY_TOPIC = "_redrive_devbroker_ready"
 STOP_GRACE_S = 10.0
-# After the broker has gone, how long the rest of its process group gets to follow before SIGKILL.
-LEFTOVER_GRACE_S = 5.0
 DEFAULT_DATA_ROOT = Path(".redrive") / "dev-broker"
 LOG_TAIL_CHARS = 2000
 
@@ -177,26 +175,9 @@ class DevBroker:
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM the process group, then SIGKILL it when the broker has not exited after grace_s
         or the rest of the group has not followed it within LEFTOVER_GRACE_S."""
-        process = self._process
-        if process is None:
-            return
-        if process.returncode is not None:
-            # Reaped already (a crash seen earlier): its pid, the group's id, may be another
-            # server's group by now.
+        if self._process is not None:
+            end_group(self._process, grace_s)
             self._forget()
-            return
-        group = process.pid
-        signal_group(group, signal.SIGTERM)
-        try:
-            process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            signal_group(group, signal.SIGKILL)
-            process.wait()
-        deadline = time.monotonic() + LEFTOVER_GRACE_S
-        while group_alive(group) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        signal_group(group, signal.SIGKILL)
-        self._forget()
 
     def kill(self) -> None:
         """SIGKILL to the process group, with no chance to flush: a crash, for tests of what
@@ -204,7 +185,7 @@ class DevBroker:
         process = self._process
         if process is None:
             return
-        if process.returncode is None:  # else reaped already: see stop()
+        if process.returncode is None:  # else reaped already: see end_group
             signal_group(process.pid, signal.SIGKILL)
             process.wait()
         self._forget()

@@ -6,8 +6,15 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Sequence
+from typing import Any
+
+# After a server has gone, how long the rest of its process group (a wrapper's broker, the
+# JVM's Python workers) gets to follow before SIGKILL.
+LEFTOVER_GRACE_S = 5.0
 
 
 def tied_to_parent(command: Sequence[str],
@@ -32,3 +39,23 @@ def group_alive(group: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def end_group(process: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM the process group `process` leads, then SIGKILL it when the process has not
+    exited after `grace_s` or the rest of the group has not followed it within
+    LEFTOVER_GRACE_S. A process reaped already (a crash seen earlier) is left alone: its pid,
+    the group's id, may be another server's group by now."""
+    if process.returncode is not None:
+        return
+    group = process.pid
+    signal_group(group, signal.SIGTERM)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        signal_group(group, signal.SIGKILL)
+        process.wait()
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while group_alive(group) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    signal_group(group, signal.SIGKILL)

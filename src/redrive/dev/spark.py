@@ -20,7 +20,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -31,13 +30,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from redrive.dev.lifetime import group_alive, signal_group, tied_to_parent
+from redrive.dev.lifetime import end_group, tied_to_parent
 from redrive.dev.ports import HOST, free_port, held_by, port_in_use
 from redrive.errors import RedriveError
 
 STOP_GRACE_S = 30.0
-# After the JVM has gone, how long its Python workers get to follow before SIGKILL.
-LEFTOVER_GRACE_S = 5.0
 LOG_TAIL_CHARS = 3000
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -188,20 +185,9 @@ class SparkProcess:
         """SIGTERM the process group (the JVM's shutdown hooks stop its queries and delete its
         temp dirs), then SIGKILL it when the JVM has not exited after grace_s or other members
         have not followed it within LEFTOVER_GRACE_S."""
-        process = self._process
-        if process is None:
+        if self._process is None:
             return
-        group = process.pid
-        signal_group(group, signal.SIGTERM)
-        try:
-            process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            signal_group(group, signal.SIGKILL)
-            process.wait()
-        deadline = time.monotonic() + LEFTOVER_GRACE_S
-        while group_alive(group) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        signal_group(group, signal.SIGKILL)
+        end_group(self._process, grace_s)
         self._process = None
         _RUNNING.discard(self)
 
