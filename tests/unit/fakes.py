@@ -1,6 +1,9 @@
-"""A confluent-kafka Message as the consumer runtime reads it, for driving it without a broker."""
+"""A confluent-kafka Message as the consumer runtime reads it, and a consumer as a forwarding
+step uses it, for driving them without a broker."""
 
 from __future__ import annotations
+
+from confluent_kafka import TopicPartition
 
 
 class FakeMessage:
@@ -33,3 +36,23 @@ class FakeMessage:
 
     def value(self) -> bytes:
         return self._value
+
+
+class FakeConsumer:
+    """The consumer calls a forwarding or committing step makes when it rewinds or holds."""
+
+    def __init__(self) -> None:
+        self.seeks: list[tuple[str, int, int]] = []
+        self.paused: list[tuple[str, int]] = []
+
+    def consumer_group_metadata(self) -> None:
+        return None
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.seeks.append((tp.topic, tp.partition, tp.offset))
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.extend((tp.topic, tp.partition) for tp in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        pass

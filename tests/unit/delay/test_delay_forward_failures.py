@@ -17,25 +17,9 @@ from redrive.delay.batch import Batch
 from redrive.delay.tiers import DEFAULT_TIERS
 from redrive.kafka.transactions import TransactionAborted
 
+from ..fakes import FakeConsumer
+
 TIER = (DEFAULT_TIERS.tiers[0].topic, 0)
-
-
-class FakeConsumer:
-    def __init__(self) -> None:
-        self.seeks: list[tuple[str, int, int]] = []
-        self.paused: list[tuple[str, int]] = []
-
-    def consumer_group_metadata(self) -> None:
-        return None
-
-    def seek(self, tp: TopicPartition) -> None:
-        self.seeks.append((tp.topic, tp.partition, tp.offset))
-
-    def pause(self, partitions: list[TopicPartition]) -> None:
-        self.paused.extend((tp.topic, tp.partition) for tp in partitions)
-
-    def resume(self, partitions: list[TopicPartition]) -> None:
-        pass
 
 
 class AbortingTransactions:

@@ -26,6 +26,8 @@ from redrive.kafka.transactions import TransactionAborted
 from redrive.metrics import Metrics
 from redrive.routing import Retry
 
+from ..fakes import FakeConsumer
+
 TIER = (DEFAULT_TIERS.tiers[0].topic, 0)
 
 REBALANCED = [
@@ -55,24 +57,6 @@ class AbortingTransactions:
 
     def commit(self, *args: Any, **kwargs: Any) -> None:
         raise aborted(self.error)
-
-
-class FakeConsumer:
-    def __init__(self) -> None:
-        self.seeks: list[tuple[str, int, int]] = []
-        self.paused: list[tuple[str, int]] = []
-
-    def consumer_group_metadata(self) -> None:
-        return None
-
-    def seek(self, tp: TopicPartition) -> None:
-        self.seeks.append((tp.topic, tp.partition, tp.offset))
-
-    def pause(self, partitions: list[TopicPartition]) -> None:
-        self.paused.extend((tp.topic, tp.partition) for tp in partitions)
-
-    def resume(self, partitions: list[TopicPartition]) -> None:
-        pass
 
 
 @pytest.mark.parametrize("error", REBALANCED, ids=IDS)
