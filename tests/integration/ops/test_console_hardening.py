@@ -99,7 +99,8 @@ def test_a_header_name_that_is_not_utf8_flags_its_record_and_breaks_no_page(
     assert web.get(f"/api/dead-letters/{dlt}/0/1").json()["headers"] == []
     groups = {g["dead_letter_topic"]: g for g in web.get("/api/groups").json()}
     assert (groups[dlt]["dead_letters"], groups[dlt]["problem"]) == (2, None)
-    assert "a header name is not UTF-8" in groups[other_dlt]["problem"]
+    # the record in the other group's retry topic is read without its headers: its figures stand
+    assert (groups[other_dlt]["dead_letters"], groups[other_dlt]["problem"]) == (1, None)
     assert web.get("/").status_code == 200
     # A replay leaves it alone rather than publish it without its headers.
     done = web.post("/api/replay", json={"dlt": dlt, "to": "original", "dry_run": False},
@@ -148,7 +149,8 @@ def test_a_host_the_console_was_not_told_is_refused(bootstrap: str) -> None:
     rebound = web.get("/api/dead-letter-topics", headers={"Host": "attacker.example:8765"})
     assert rebound.status_code == 400
     assert rebound.text.startswith("Host 'attacker.example' is not one this console answers "
-                                   "to (127.0.0.1, localhost): start it with --allowed-host")
+                                   "to (127.0.0.1, localhost, ::1): start it with "
+                                   "--allowed-host attacker.example")
 
 
 def served(monkeypatch: pytest.MonkeyPatch, *args: str,
