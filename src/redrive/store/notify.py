@@ -149,7 +149,8 @@ class Notifier:
                      or self._failing[row.id].retry_at <= started]
             # Failed before: after the others, which tell whether the receiver works at all.
             ready.sort(key=lambda row: row.id in self._failing)
-            done, failed, running = 0, list[tuple[StoredRetry, DeadHook, Exception]](), 0
+            failed: list[tuple[StoredRetry, DeadHook, Exception]] = []
+            done = running = 0  # rows notified; failures since the last that went through
             for row in ready:
                 if time.monotonic() - started >= claim_s / 2:
                     log.warning("notifying dead records took half of the %.0fs claim; %d "
