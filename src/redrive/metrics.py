@@ -144,6 +144,10 @@ class Metrics:
         self._reclaimed = Counter("redrive_reclaimed",
                                   "Stored retries republished after their lease ran out",
                                   base, registry=self.registry)
+        self._given_up = Counter("redrive_notifications_given_up",
+                                 "Dead records whose notification was given up after failing "
+                                 "while others went through: their receivers never saw them",
+                                 base, registry=self.registry)
         self._broker_up = Gauge("redrive_broker_up",
                                 "1 while the runtime reaches its brokers, 0 during an outage",
                                 base, registry=self.registry)
@@ -190,6 +194,9 @@ class Metrics:
 
     def reclaimed(self, count: int) -> None:
         self._reclaimed.labels(self.runtime, self.group).inc(count)
+
+    def notification_given_up(self) -> None:
+        self._given_up.labels(self.runtime, self.group).inc()
 
     def lost(self, topic: str, count: int) -> None:
         self._child(self._lost, topic).inc(count)

@@ -8,11 +8,11 @@
 
 from redrive.store.backend import StoreBackend
 from redrive.store.database import StoreUnavailable
-from redrive.store.notify import Webhook
 from redrive.store.rows import RowFilter, StoredRetry
 from redrive.store.scheduler import Pass, Scheduler
 from redrive.store.schema import PAYLOAD, REFERENCE, STATUSES
 from redrive.store.store import RetryStore
+from redrive.store.webhook import Webhook
 
 __all__ = [
     "PAYLOAD",

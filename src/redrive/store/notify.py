@@ -1,4 +1,4 @@
-"""Dead-record notifications: a callable hook, or a webhook that receives each dead record as JSON.
+"""Dead-record notifications: callable hooks (a Webhook among them), called for each dead record.
 
 The scheduler delivers them: it claims dead rows not yet notified (several schedulers skip each
 other's), calls every hook with no database lock held (a slow webhook would otherwise keep the
@@ -12,20 +12,17 @@ notifications are repeated: receivers should key on `id`.
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from redrive.errors import InvalidArgument, RedriveError
+from redrive.errors import InvalidArgument
+from redrive.metrics import Metrics
 from redrive.store.claims import Unnotified
 from redrive.store.rows import StoredRetry
 from redrive.store.store import RetryStore
+from redrive.store.webhook import WebhookFailed
 
 log = logging.getLogger("redrive.store.notify")
 
@@ -33,70 +30,6 @@ DeadHook = Callable[[StoredRetry], object]
 BATCH = 100
 # Rows whose notifications failed one after the other in a pass: the receiver is likely down.
 DOWN_AFTER = 3
-
-
-class WebhookFailed(RedriveError):
-    """transient: the receiver did not take any record just then (unreachable, timed out, 5xx,
-    408, 429), rather than refused this one."""
-
-    def __init__(self, url: str, why: str, *, transient: bool = False) -> None:
-        self.url = url
-        self.transient = transient
-        super().__init__(f"webhook {url}: {why}")
-
-
-def describe(row: StoredRetry) -> dict[str, Any]:
-    """What a notification says about a dead record (no value: it may be large or private)."""
-    return {
-        "id": row.id, "group": row.group, "topic": row.topic, "partition": row.partition,
-        "offset": row.offset, "timestamp_ms": row.timestamp_ms,
-        "key": None if row.key is None else base64.b64encode(row.key).decode(),
-        "attempt": row.attempt, "reason": row.reason, "error_type": row.error_type,
-        "error_message": row.error_message, "first_failure_ms": row.first_failure_ms,
-        "died_ms": row.updated_ms, "mode": row.mode,
-    }
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    # Followed, a 301/302/303 turned the POST into a GET with no body, whose 2xx marked the
-    # record notified though the receiver never saw it; a 307/308 failed anyway.
-    def redirect_request(self, *args: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirects)
-
-
-class Webhook:
-    """POST each dead record's description as JSON to `url`; any non-2xx answer is a failure,
-    a redirect too (not followed: point the webhook at where it leads)."""
-
-    def __init__(self, url: str, *, timeout_s: float = 10.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise InvalidArgument("webhook", url, "must be an http:// or https:// URL")
-        self.url = url
-        self.timeout_s = timeout_s
-
-    def __call__(self, row: StoredRetry) -> None:
-        body = json.dumps(describe(row)).encode()
-        request = urllib.request.Request(self.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with _OPENER.open(request, timeout=self.timeout_s) as response:
-                status = int(response.status)
-        except urllib.error.HTTPError as exc:
-            if 300 <= exc.code < 400:
-                raise WebhookFailed(self.url, f"HTTP {exc.code}, a redirect to "
-                                    f"{exc.headers.get('Location')!r}, not followed") from exc
-            raise WebhookFailed(self.url, f"HTTP {exc.code}",
-                                transient=exc.code >= 500 or exc.code in (408, 429)) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise WebhookFailed(self.url, str(exc), transient=True) from exc
-        if not 200 <= status < 300:
-            raise WebhookFailed(self.url, f"HTTP {status}")
-
-    def __repr__(self) -> str:
-        return f"Webhook({self.url!r})"
 
 
 @dataclass
@@ -114,22 +47,24 @@ class Notifier:
     A row that fails is set aside (`retry_after_s`, doubling with each failure held against it)
     while the others go on, and tried after them. Its failure is held against it only in a pass
     where another row's notification went through and that did not end on a run of failures,
-    and only if the receiver refused the row (not a webhook unreachable, timed out, or answering
-    5xx, 408 or 429): otherwise the receiver may be down for all of them, and the rows are
-    kept. After `tries` such failures the row is given up: logged as an error and marked
-    notified, so no scheduler tries it again. A pass stops once `DOWN_AFTER` rows in a row
-    failed, and after it, or after one in which nothing went through, the next waits
-    `retry_after_s`: a receiver that is down is not called once per row every pass.
+    and only if the receiver refused the row (not a webhook unreachable, timed out, answering
+    5xx, 408 or 429, or not in HTTP): otherwise the receiver may be down for all of them, and
+    the rows are kept. After `tries` such failures the row is given up: logged as an error,
+    counted in `redrive_notifications_given_up_total`, and marked notified, so no scheduler
+    tries it again. A pass stops once `DOWN_AFTER` rows in a row failed, and after it, or after
+    one in which nothing went through, the next waits `retry_after_s`: a receiver that is down
+    is not called once per row every pass.
     """
 
     def __init__(self, hooks: Sequence[DeadHook], *, retry_after_s: float = 30.0,
-                 tries: int = 5) -> None:
+                 tries: int = 5, metrics: Metrics | None = None) -> None:
         for hook in hooks:
             if not callable(hook):
                 raise InvalidArgument("on_dead", hook, "must be callable with a StoredRetry")
         self.hooks = list(hooks)
         self.retry_after_s = retry_after_s
         self.tries = tries
+        self.metrics = metrics
         self._quiet_until = 0.0
         self._failing: dict[int, _Failing] = {}  # by row id
 
@@ -203,6 +138,8 @@ class Notifier:
                           "notified", row.id, hook, failing.tries, type(exc).__name__, exc)
                 batch.notified(row.id)
                 del self._failing[row.id]
+                if self.metrics is not None:
+                    self.metrics.notification_given_up()
                 continue
             failing.retry_at = now + self.retry_after_s * 2 ** failing.tries
             if held:

@@ -48,10 +48,11 @@ from redrive.record import Origin
 from redrive.signals import stop_on_signals
 from redrive.store.claims import DueBatch
 from redrive.store.database import StoreUnavailable
-from redrive.store.notify import DeadHook, Notifier, Webhook
+from redrive.store.notify import DeadHook, Notifier
 from redrive.store.rows import StoredRetry
 from redrive.store.schema import PAYLOAD
 from redrive.store.store import RetryStore
+from redrive.store.webhook import Webhook
 from redrive.topics import partition_for
 
 log = logging.getLogger("redrive.store.scheduler")
@@ -126,9 +127,10 @@ class Scheduler:
         self.metrics = metrics if metrics is not None else Metrics("scheduler", "store")
         hooks: list[DeadHook] = list(on_dead)
         if webhook:
-            # One call must end well within the claim, or its row is notified twice.
+            # One call (the whole of it: see store.webhook) must end well within the claim, or
+            # its row is notified twice.
             hooks.append(Webhook(webhook, timeout_s=min(10.0, self.claim_s / 4)))
-        self.notifier = Notifier(hooks)
+        self.notifier = Notifier(hooks, metrics=self.metrics)
         # Its checks go through its producer, so they ask about no topic (see BrokerHealth).
         self.health = BrokerHealth("store scheduler", self.metrics)
         self._connection = self.health.watch(kafka.client_config(connection))

@@ -1,11 +1,13 @@
 """Notifications of dead records against a real store (SQLite and PostgreSQL): a row whose hook
 always fails, a receiver that is down, the time a pass may take, claims that ran out and were
-taken over; and a webhook answered with a redirect (a local HTTP server)."""
+taken over; and a webhook answered with a redirect, a byte at a time, or not in HTTP (local
+servers)."""
 
 from __future__ import annotations
 
 import http.server
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,10 +18,12 @@ import pytest
 from sqlalchemy import select
 
 from redrive.clock import now_ms
+from redrive.metrics import Metrics
 from redrive.store import RetryStore, Scheduler, claims
-from redrive.store.notify import DOWN_AFTER, Notifier, Webhook, WebhookFailed
+from redrive.store.notify import DOWN_AFTER, Notifier
 from redrive.store.rows import StoredRetry
 from redrive.store.schema import DEAD, retries
+from redrive.store.webhook import Webhook, WebhookFailed
 
 from .conftest import entry
 
@@ -47,7 +51,8 @@ def test_a_row_whose_hook_always_fails_holds_back_no_other_and_is_given_up(
         if row.offset == 0:
             raise RuntimeError("the receiver answers 400 for this one")
 
-    notifier = Notifier([hook], retry_after_s=0, tries=3)
+    metrics = Metrics("scheduler", "store")
+    notifier = Notifier([hook], retry_after_s=0, tries=3, metrics=metrics)
     assert notifier.deliver(store, CLAIM_S) == 4
     # A new death each pass, notified before the failing row is tried again: the receiver
     # works, so the row's failures count against it.
@@ -61,6 +66,7 @@ def test_a_row_whose_hook_always_fails_holds_back_no_other_and_is_given_up(
         f"giving up on notifying dead record {first}: {hook!r} failed 3 times while other "
         "records were notified, the last time with RuntimeError: the receiver answers 400 for "
         "this one; marked notified")
+    assert metrics.value("redrive_notifications_given_up_total") == 1
     assert notifier.deliver(store, CLAIM_S) == 0
     assert len(calls) == 9
     assert all(mark is not None and mark > 0 for mark in notified_marks(store).values())
@@ -179,6 +185,71 @@ def test_a_webhook_redirect_is_a_failure_not_followed(
     with pytest.raises(WebhookFailed, match=rf"HTTP {status}, a redirect to '/moved', not fol"):
         Webhook(f"{base}/{status}")(row)
     assert seen == [f"POST /{status}"]
+
+
+@pytest.fixture
+def raw_receiver() -> Iterator[tuple[str, list[bytes]]]:
+    """A server that reads a request and answers it with the bytes the test puts in the list
+    (one a tenth of a second apart if there are several), then closes; its URL."""
+    answer: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                try:
+                    for index, piece in enumerate(answer):
+                        if index and stop.wait(0.1):
+                            break
+                        conn.sendall(piece)
+                except OSError:
+                    pass  # the client hung up
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/", answer
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)
+
+
+def test_a_webhook_call_answered_a_byte_at_a_time_ends_at_its_timeout(
+        tmp_path: Path, raw_receiver: tuple[str, list[bytes]]) -> None:
+    """A socket timeout bounds each read: before, this call took the 8 s the answer took and
+    counted as notified, holding the scheduler's pass (and its due retries) meanwhile."""
+    url, answer = raw_receiver
+    whole = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 80 + b"\r\nContent-Length: 0\r\n\r\n"
+    answer.extend(whole[i:i + 1] for i in range(len(whole)))
+    with RetryStore(tmp_path / "store.db") as store:
+        dead_rows(store, "drip", 1)
+        [row] = store.find()
+    started = time.monotonic()
+    with pytest.raises(WebhookFailed, match=r"no whole answer within 1s") as failed:
+        Webhook(url, timeout_s=1)(row)
+    assert 1 <= time.monotonic() - started < 2.5
+    assert failed.value.transient  # says nothing against the row
+
+
+def test_a_webhook_answer_that_is_not_http_is_a_transient_failure(
+        tmp_path: Path, raw_receiver: tuple[str, list[bytes]]) -> None:
+    """Before, http.client's own error escaped and counted as the receiver refusing the row,
+    so a broken receiver got rows given up."""
+    url, answer = raw_receiver
+    answer.append(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+    with RetryStore(tmp_path / "store.db") as store:
+        dead_rows(store, "garbled", 1)
+        [row] = store.find()
+    with pytest.raises(WebhookFailed, match=r"BadStatusLine") as failed:
+        Webhook(url, timeout_s=5)(row)
+    assert failed.value.transient
 
 
 def test_a_schedulers_webhook_call_ends_well_within_its_claim(tmp_path: Path) -> None:

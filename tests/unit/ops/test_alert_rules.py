@@ -39,6 +39,7 @@ def exported_series() -> set[str]:
     metrics.oldest_pending_retry_since(1)
     metrics.broker_up(True)
     metrics.lost("t", 1)
+    metrics.notification_given_up()
     return {sample.name for family in metrics.registry.collect() for sample in family.samples}
 
 

@@ -15,7 +15,6 @@ from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.store import RetryStore, Scheduler, StoreBackend, StoredRetry
 from redrive.store.database import StoreUnavailable, database_url
-from redrive.store.notify import describe
 from redrive.store.outcomes import WRITTEN_COLUMNS, entry_row
 from redrive.store.rows import (
     FROM_COLUMNS,
@@ -28,6 +27,7 @@ from redrive.store.rows import (
 )
 from redrive.store.scheduler import _fields
 from redrive.store.schema import PENDING, retries
+from redrive.store.webhook import describe
 
 
 def row(**overrides: object) -> StoredRetry:
