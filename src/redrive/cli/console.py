@@ -19,7 +19,7 @@ from redrive.errors import RedriveError
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="A Host name the console also answers to (repeatable; *.example.com for a "
-                   "domain's), besides 127.0.0.1, localhost and --host: a request naming "
+                   "domain's), besides 127.0.0.1, localhost, ::1 and --host: a request naming "
                    "any other is refused, so that a page of another site cannot reach the "
                    "console through a name of its own.")
 @click.option("--token", envvar="REDRIVE_UI_TOKEN", show_envvar=True, default=None,
