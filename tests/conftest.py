@@ -77,20 +77,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 SPARK_TESTS = "tests/integration/spark/"
-# Its driver is a process of its own (cluster_runner.py), so it shares no JVM with the other
-# Spark files; alone it is a unit the other worker can take. On the Spark worker, which took
-# 966 s of a 977 s run against the other's 809, it made that worker the longer one.
-SPARK_CLUSTER_TESTS = SPARK_TESTS + "test_cluster.py"
+# Files whose drivers are processes of their own (cluster_runner.py, driver_runner.py), sharing
+# no JVM with the other Spark files: each alone is a unit the other worker can take. On the Spark
+# worker, which took 966 s of a 977 s run against the other's 809, the cluster's made that worker
+# the longer one; on 2026-11-29 the driver crash test took 131 s of it.
+SPARK_OWN_DRIVER_TESTS = (SPARK_TESTS + "test_cluster.py", SPARK_TESTS + "test_driver_crash.py")
 
 
 class SparkFilesTogether(LoadFileScheduling):
     """`--dist loadfile` (what `make test` runs on two workers), with the files under
     tests/integration/spark/ one unit, so the session's JVM and the Connect server each start
     once. Being the largest unit, it starts first, and the other worker takes the other files
-    one by one meanwhile, the standalone cluster's among them."""
+    one by one meanwhile, the standalone cluster's and the driver crash test's among them."""
 
     def _split_scope(self, nodeid: str) -> str:
-        if nodeid.startswith(SPARK_TESTS) and not nodeid.startswith(SPARK_CLUSTER_TESTS):
+        if nodeid.startswith(SPARK_TESTS) and not nodeid.startswith(SPARK_OWN_DRIVER_TESTS):
             return SPARK_TESTS
         return super()._split_scope(nodeid)
 
