@@ -319,8 +319,9 @@ class Console:
     def record_replays(self, letter: DeadLetterRecord) -> list[dict[str, Any]]:
         """Every replay of one record the replay log keeps, newest first."""
         record = letter.record
-        entry = read_log(self.connection, record.topic, self.timeout_s, strict=False).get(
-            log_key(record.topic, record.partition, record.offset))
+        key = log_key(record.topic, record.partition, record.offset)
+        entry = read_log(self.connection, record.topic, self.timeout_s, strict=False,
+                         keys={key}).get(key)
         return replays_of(entry) if entry is not None and of_record(entry, letter) else []
 
     def letters(self, dlt: str, selection: Selection) -> list[DeadLetterRecord]:

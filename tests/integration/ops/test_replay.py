@@ -213,6 +213,27 @@ def test_a_log_entry_that_is_not_redrives_stops_the_replay_naming_it(
     assert client.get(f"/replays?dlt={dlt}").status_code == 200  # its fields are not computed on
 
 
+def test_only_the_selected_records_log_entries_are_read(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
+    """The log keeps every record ever replayed: a replay decodes only its selection's entries,
+    so a bad entry of another record neither stops it nor costs it a decode."""
+    topic, group = new_topic(), unique_name("selected-log")
+    dlt = new_topic()
+    headers = [(h.REASON, b"exhausted"), (h.GROUP, group.encode()),
+               (h.ORIGINAL_TOPIC, topic.encode()), (h.ORIGINAL_PARTITION, b"0"),
+               (h.ORIGINAL_OFFSET, b"0")]
+    produce_records(bootstrap, dlt, [(b"a", b"v", headers), (b"b", b"w", headers)])
+    produce_records(bootstrap, REPLAY_LOG, [(f"{dlt}/0/1".encode(), b"not json {", [])])
+    base = ["dlt", "replay", "-b", bootstrap, "--dlt-topic", dlt, "--to", "original"]
+    done = run_cli(*base, "--record", "0:0")
+    assert done.exit_code == 0, done.output
+    assert [m.key for m in read_all(bootstrap, topic)] == [b"a"]
+    done = run_cli(*base)  # the whole topic: 0:1's entry is read, and stops it
+    assert done.exit_code == 2, done.output
+    assert f"(key '{dlt}/0/1') is not a replay log entry" in done.stderr
+    assert [m.key for m in read_all(bootstrap, topic)] == [b"a"]
+
+
 def test_a_named_record_the_topic_does_not_hold_is_refused_naming_it(
         bootstrap: str, new_topic: NewTopic, unique_name: UniqueName) -> None:
     topic, dlt = new_topic(), new_topic()
