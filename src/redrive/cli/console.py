@@ -6,14 +6,14 @@ from pathlib import Path
 
 import click
 
-from redrive.cli.options import bootstrap_option
+from redrive.cli.options import connection_options
 from redrive.delay.service import DEFAULT_GROUP
 from redrive.delay.tiers import DEFAULT_PREFIX
 from redrive.errors import RedriveError
 
 
 @click.command("ui")
-@bootstrap_option
+@connection_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on: only this machine unless told otherwise.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
@@ -37,7 +37,7 @@ from redrive.errors import RedriveError
               help="The delay service's tier topics, whose waiting retries the overview shows.")
 @click.option("--delay-group", default=DEFAULT_GROUP, show_default=True,
               help="The delay service's consumer group.")
-def ui_command(bootstrap: str, host: str, port: int, allowed_hosts: tuple[str, ...],
+def ui_command(connection: dict[str, str], host: str, port: int, allowed_hosts: tuple[str, ...],
                token: str | None, token_file: Path | None, store_url: str | None,
                delay_prefix: str, delay_group: str) -> None:
     """Serve the operations console (dead letters, their causes, replay) until Ctrl-C."""
@@ -73,7 +73,7 @@ def ui_command(bootstrap: str, host: str, port: int, allowed_hosts: tuple[str, .
                f"({'replay enabled' if token else 'read-only: no --token'})")
     try:
         hosts = list(dict.fromkeys([*LOCAL_HOSTS, host, *allowed_hosts]))
-        uvicorn.run(create_app(bootstrap, token=token, store=store,
+        uvicorn.run(create_app(connection, token=token, store=store,
                                delay=DelayTiers(delay_prefix, delay_group), hosts=hosts),
                     host=host, port=port, log_level="warning")
     finally:

@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from redrive.cli.options import SETTING, bootstrap_option, metrics_port_option, settings
+from redrive.cli.options import SETTING, connection_options, metrics_port_option, settings
 from redrive.delay.own_topics import DEFAULT_PARTITIONS
 from redrive.delay.service import DEFAULT_GROUP, DelayService
 from redrive.delay.tiers import DEFAULT_DURATIONS, DEFAULT_PREFIX, Tiers
@@ -19,7 +19,7 @@ def delay_command() -> None:
 
 
 @delay_command.command("run")
-@bootstrap_option
+@connection_options
 @click.option("--tiers", default=",".join(DEFAULT_DURATIONS), show_default=True,
               help="Delay tiers, comma-separated; the smallest bounds the lateness.")
 @click.option("--prefix", default=DEFAULT_PREFIX, show_default=True,
@@ -34,20 +34,17 @@ def delay_command() -> None:
 @click.option("--at-least-once", is_flag=True,
               help="Forward without transactions (a crash may duplicate records).")
 @metrics_port_option
-@click.option("--config", "-X", "client_config", type=SETTING, multiple=True,
-              help="A librdkafka setting for both clients (security etc.); repeatable.")
 @click.option("--consumer-config", type=SETTING, multiple=True,
               help="A librdkafka setting for the consumer only; repeatable.")
 @click.option("--producer-config", type=SETTING, multiple=True,
               help="A librdkafka setting for the producer only; repeatable.")
-def run_command(bootstrap: str, tiers: str, prefix: str, group: str, instance_id: str | None,
-                partitions: int, at_least_once: bool, metrics_port: int | None,
-                client_config: tuple[tuple[str, str], ...],
+def run_command(connection: dict[str, str], tiers: str, prefix: str, group: str,
+                instance_id: str | None, partitions: int, at_least_once: bool,
+                metrics_port: int | None,
                 consumer_config: tuple[tuple[str, str], ...],
                 producer_config: tuple[tuple[str, str], ...]) -> None:
     """Run one instance of the delay service until SIGTERM or Ctrl-C."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    connection = {**settings(client_config), "bootstrap.servers": bootstrap}
     try:
         service = DelayService(connection, Tiers.parse(tiers, prefix),
                                transactional=not at_least_once, instance_id=instance_id,

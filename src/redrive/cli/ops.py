@@ -17,7 +17,7 @@ from redrive import kafka, topics
 from redrive.cli import formatting
 from redrive.cli.options import (
     Seconds,
-    bootstrap_option,
+    connection_options,
     policy_from_options,
     policy_options,
     with_options,
@@ -46,12 +46,12 @@ _CLIENT_LOG.addHandler(logging.NullHandler())
 _CLIENT_LOG.propagate = False
 
 
-def _connect(bootstrap: str) -> kafka.Connection:
-    return {"bootstrap.servers": bootstrap, "logger": _CLIENT_LOG}
+def _connect(connection: dict[str, str]) -> kafka.Connection:
+    return {**connection, "logger": _CLIENT_LOG}
 
 
 _connection_options = with_options([
-    bootstrap_option,
+    connection_options,
     click.option("--timeout", "timeout_s", type=Seconds(most=3600),
                  default=10.0, show_default=True,
                  help="Seconds to wait for the broker before giving up."),
@@ -110,13 +110,13 @@ def dlt() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Show at most this many records.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array instead of a table.")
-def dlt_ls(bootstrap: str, timeout_s: float, topic: str | None, group: str | None,
+def dlt_ls(connection: dict[str, str], timeout_s: float, topic: str | None, group: str | None,
            dlt_topic: str | None, limit: int | None, as_json: bool, **filters: Any) -> None:
     """List dead-letter records: key, age, reason, error, attempts, where each came from."""
     name = _dlt_topic(topic, group, dlt_topic)
     selection = _filter(**filters)
     found: list[DeadLetterRecord] = []
-    for record in Reader(_connect(bootstrap), name, timeout_s).records(selection):
+    for record in Reader(_connect(connection), name, timeout_s).records(selection):
         found.append(record)
         if limit is not None and len(found) >= limit:
             break
@@ -136,12 +136,12 @@ def dlt_ls(bootstrap: str, timeout_s: float, topic: str | None, group: str | Non
 @_dlt_options
 @click.argument("record")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
-def dlt_show(bootstrap: str, timeout_s: float, topic: str | None, group: str | None,
+def dlt_show(connection: dict[str, str], timeout_s: float, topic: str | None, group: str | None,
              dlt_topic: str | None, record: str, as_json: bool) -> None:
     """Show one record (PARTITION:OFFSET, as `dlt ls` prints it) with all headers and trace."""
     name = _dlt_topic(topic, group, dlt_topic)
     partition, offset = deadletters.parse_coordinates(record)
-    found = Reader(_connect(bootstrap), name, timeout_s).one(partition, offset)
+    found = Reader(_connect(connection), name, timeout_s).one(partition, offset)
     at = now_ms()
     if as_json:
         click.echo(json.dumps(found.to_json(at, full=True), indent=2))
@@ -164,7 +164,7 @@ def _group_policy(backoff: str | None, exponential: str | None, multiplier: floa
                                no_dlt=no_dlt)
 
 
-def _replay_destination(bootstrap: str, timeout_s: float, topic: str | None,
+def _replay_destination(connection: dict[str, str], timeout_s: float, topic: str | None,
                         group: str | None, to: str, to_topic: str | None,
                         policy: RetryPolicy | None) -> str | None:
     """The first retry topic: named, planned from a policy, or the only one on the cluster."""
@@ -180,7 +180,7 @@ def _replay_destination(bootstrap: str, timeout_s: float, topic: str | None,
                                "(or --to-topic)")
     if policy is not None:
         return first_retry_topic(policy, topic, group)
-    existing = kafka.topic_partitions(kafka.admin(_connect(bootstrap)), timeout_s)
+    existing = kafka.topic_partitions(kafka.admin(_connect(connection)), timeout_s)
     found = stats.discover_retry_topics(existing, topic, group)
     first_by_attempt = topics.retry_topic_name(topic, group, "1")
     if first_by_attempt in found:
@@ -213,7 +213,7 @@ def _replay_destination(bootstrap: str, timeout_s: float, topic: str | None,
 @click.option("--actor", default=None, help="Who replays, for the audit log (user@host).")
 @click.option("--again", is_flag=True, help="Also records replayed before (each replay stays in "
               "the record's history in the log).")
-def dlt_replay(bootstrap: str, timeout_s: float, topic: str | None, group: str | None,
+def dlt_replay(connection: dict[str, str], timeout_s: float, topic: str | None, group: str | None,
                dlt_topic: str | None, records: Sequence[str], to: str, to_topic: str | None,
                backoff: str | None, exponential: str | None, multiplier: float,
                max_delay: str | None, attempts: int | None, naming: str, no_dlt: bool,
@@ -233,10 +233,10 @@ def dlt_replay(bootstrap: str, timeout_s: float, topic: str | None, group: str |
         selection = dataclasses.replace(selection, coordinates=wanted)
     policy = _group_policy(backoff=backoff, exponential=exponential, multiplier=multiplier,
                            max_delay=max_delay, attempts=attempts, naming=naming, no_dlt=no_dlt)
-    destination = _replay_destination(bootstrap, timeout_s, topic, group, to, to_topic, policy)
+    destination = _replay_destination(connection, timeout_s, topic, group, to, to_topic, policy)
     with contextlib.ExitStack() as stack:
         bar = _LazyBar(stack, "checking" if dry_run else "replaying")
-        report = replay(_connect(bootstrap), name, to_topic=destination, to=to, group=group,
+        report = replay(_connect(connection), name, to_topic=destination, to=to, group=group,
                         keep_attempts=keep_attempts, selection=selection, dry_run=dry_run,
                         rate=rate, actor=actor, again=again, progress=bar.advance,
                         timeout_s=timeout_s)
@@ -283,7 +283,7 @@ def _print_report(report: ReplayReport, name: str) -> None:
 @click.option("--partition", type=click.IntRange(min=0), default=None,
               help="Only this partition of --topic.")
 @click.option("--actor", default=None, help="Who resumes, for the record (user@host).")
-def resume_command(bootstrap: str, timeout_s: float, group: str, topic: str | None,
+def resume_command(connection: dict[str, str], timeout_s: float, group: str, topic: str | None,
                    partition: int | None, actor: str | None) -> None:
     """Let partitions the dead-letter brake stopped go on.
 
@@ -291,7 +291,7 @@ def resume_command(bootstrap: str, timeout_s: float, group: str, topic: str | No
     braked partitions it covers at its next poll, with their counts started afresh.
     """
     request = Resume(group, topic, partition, actor or default_actor(), now_ms())
-    where = request_resume(_connect(bootstrap), request, timeout_s)
+    where = request_resume(_connect(connection), request, timeout_s)
     scope = "every braked partition" if topic is None else (
         f"{topic}" if partition is None else f"{topic}[{partition}]")
     click.echo(f"resume of {scope} requested for group {group} "
@@ -306,7 +306,7 @@ def resume_command(bootstrap: str, timeout_s: float, group: str, topic: str | No
 @click.option("--window", default="10s", show_default=True,
               help="Sample offsets twice this far apart for the rates (0: no rates).")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
-def stats_command(bootstrap: str, timeout_s: float, topic: str, group: str, window: str,
+def stats_command(connection: dict[str, str], timeout_s: float, topic: str, group: str, window: str,
                   watch: bool, **policy_args: Any) -> None:
     """Records waiting, lag, oldest record and rates for a group's main, retry and DLT topics.
 
@@ -319,7 +319,7 @@ def stats_command(bootstrap: str, timeout_s: float, topic: str, group: str, wind
         click.echo(f"sampling offsets over {window} for the rates (--window 0 skips it)...",
                    err=True)
     while True:
-        found = stats.collect(_connect(bootstrap), topic, group, policy=policy, window_s=window_s,
+        found = stats.collect(_connect(connection), topic, group, policy=policy, window_s=window_s,
                               timeout_s=timeout_s)
         table = formatting.table(STATS_COLUMNS, stats_rows(found, now_ms()))
         if not watch:

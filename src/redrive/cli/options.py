@@ -7,8 +7,10 @@ on the names.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import click
 
@@ -27,8 +29,6 @@ def with_options(options: Sequence[Callable[[Decorated], Decorated]]) -> Callabl
     return apply
 
 
-bootstrap_option = click.option("--bootstrap", "-b", required=True, envvar="REDRIVE_BOOTSTRAP",
-                                show_envvar=True, help="Kafka bootstrap servers (host:port).")
 metrics_port_option = click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
                                    help="Serve Prometheus metrics on this port.")
 
@@ -49,6 +49,58 @@ class Setting(click.ParamType):  # type: ignore[type-arg]
 
 
 SETTING = Setting()
+
+_CONNECTION_OPTIONS = (
+    click.option("--bootstrap", "-b", default=None, envvar="REDRIVE_BOOTSTRAP", show_envvar=True,
+                 help="Kafka bootstrap servers (host:port); or bootstrap.servers in "
+                      "--config-file."),
+    click.option("--config-file", "config_file", default=None, envvar="REDRIVE_KAFKA_CONFIG",
+                 show_envvar=True, type=click.Path(dir_okay=False, path_type=Path),
+                 help="librdkafka settings, one KEY=VALUE a line (# comments): a secured "
+                      "cluster's security.protocol, sasl.*, ssl.* (secrets kept out of `ps`)."),
+    click.option("--config", "-X", "client_settings", type=SETTING, multiple=True,
+                 help="A librdkafka setting for every client (repeatable), over "
+                      "--config-file's."),
+)
+
+
+def connection_options(function: Decorated) -> Decorated:
+    """--bootstrap, --config-file and --config, handed to the command as one `connection`: the
+    librdkafka settings every client it makes shares, bootstrap.servers among them."""
+    @functools.wraps(function)
+    def command(*args: Any, bootstrap: str | None, config_file: Path | None,
+                client_settings: Sequence[tuple[str, str]], **kwargs: Any) -> Any:
+        connection = read_config_file(config_file) if config_file is not None else {}
+        connection.update(settings(client_settings))
+        if bootstrap:
+            connection["bootstrap.servers"] = bootstrap
+        if not connection.get("bootstrap.servers"):
+            raise click.UsageError("which brokers? give --bootstrap (or REDRIVE_BOOTSTRAP), or "
+                                   "bootstrap.servers in --config-file or --config")
+        return function(*args, connection=connection, **kwargs)
+    return with_options(_CONNECTION_OPTIONS)(cast(Decorated, command))
+
+
+def read_config_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines (blank lines and lines starting with # or ! left out), as Kafka's
+    client.properties files hold them, with librdkafka's names."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path} cannot be read: {exc}",
+                                 param_hint="--config-file") from exc
+    found: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith(("#", "!")):
+            continue
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip():
+            # The line itself is not shown: it may hold a secret.
+            raise click.BadParameter(f"{path} line {number} is not KEY=VALUE",
+                                     param_hint="--config-file")
+        found[name.strip()] = value.strip()
+    return found
 
 
 class Seconds(click.ParamType):  # type: ignore[type-arg]

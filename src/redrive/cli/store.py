@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from redrive.cli.formatting import iso, preview, shown, since, table
-from redrive.cli.options import bootstrap_option, metrics_port_option
+from redrive.cli.options import connection_options, metrics_port_option
 from redrive.clock import now_ms
 from redrive.errors import RedriveError
 from redrive.policy import to_ms
@@ -83,7 +83,7 @@ def _narrowed(where: RowFilter, action: str) -> RowFilter:
 
 
 @store_command.command("run")
-@bootstrap_option
+@connection_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
               help="Due rows taken per pass.")
 @click.option("--idle", "idle_s", type=float, default=0.05, show_default=True,
@@ -94,7 +94,7 @@ def _narrowed(where: RowFilter, action: str) -> RowFilter:
                    "again (e.g. 90s, 10m).")
 @metrics_port_option
 @click.pass_context
-def run_command(ctx: click.Context, bootstrap: str, batch_size: int, idle_s: float,
+def run_command(ctx: click.Context, connection: dict[str, str], batch_size: int, idle_s: float,
                 webhook: str | None, lease: str, metrics_port: int | None) -> None:
     """Republish due retries until SIGTERM or Ctrl-C (run several to share the work on
     PostgreSQL)."""
@@ -107,7 +107,7 @@ def run_command(ctx: click.Context, bootstrap: str, batch_size: int, idle_s: flo
         raise click.BadParameter(f"{lease!r} is not a positive duration", param_hint="--lease")
     store = _open(ctx, create=True)
     try:
-        scheduler = Scheduler(store, bootstrap, batch_size=batch_size, idle_s=idle_s,
+        scheduler = Scheduler(store, connection, batch_size=batch_size, idle_s=idle_s,
                               webhook=webhook, lease_s=lease_ms / 1000)
         if metrics_port is not None:
             scheduler.metrics.serve(metrics_port)

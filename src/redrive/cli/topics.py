@@ -11,7 +11,12 @@ from confluent_kafka.admin import AdminClient
 from redrive import kafka, retention, topics
 from redrive.backends.delay_queue import own_topics
 from redrive.cli.formatting import table
-from redrive.cli.options import bootstrap_option, policy_from_options, policy_options, with_options
+from redrive.cli.options import (
+    connection_options,
+    policy_from_options,
+    policy_options,
+    with_options,
+)
 from redrive.delay.tiers import DEFAULT_PREFIX, Tiers
 from redrive.policy import format_ms
 
@@ -84,19 +89,19 @@ def _replication_factor(value: int) -> int:
 @topics_group.command("create")
 @_topic_and_group
 @policy_options
-@bootstrap_option
+@connection_options
 @click.option("--partitions", type=int, default=None,
               help="Partitions of new topics (default: as many as the main topic).")
 @click.option("--replication-factor", type=click.IntRange(min=-1), default=-1,
               callback=lambda _ctx, _param, value: _replication_factor(value),
               help="Replication factor of new topics: -1 (the broker's default) or at least 1.")
-def topics_create(topic: str, group: str, bootstrap: str, partitions: int | None,
+def topics_create(topic: str, group: str, connection: dict[str, str], partitions: int | None,
                   replication_factor: int, **policy_args: Any) -> None:
     """Create the plan's missing topics and report those whose partitions are too few; fail
     when a retry topic would delete or compact copies before they are due."""
     policy = policy_from_options(**policy_args)
     plan = topics.plan(policy, topic, group)
-    admin = kafka.admin(bootstrap)
+    admin = kafka.admin(connection)
     report = topics.ensure_topics(admin, plan, partitions=partitions,
                                   replication_factor=replication_factor)
     rows = [[name, "created" if name in report.created else "exists"]

@@ -6,10 +6,11 @@ as security settings), plus overrides.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from redrive.errors import BrokerUnavailable, InvalidArgument
@@ -119,20 +120,52 @@ def _flag(value: Any) -> bool | None:
 
 def producer(connection: Connection, *, transactional_id: str | None = None,
              overrides: Mapping[str, Any] | None = None) -> Producer:
-    return Producer(producer_config(connection, transactional_id=transactional_id,
-                                    overrides=overrides))
+    config = producer_config(connection, transactional_id=transactional_id, overrides=overrides)
+    try:
+        return Producer(config)
+    except KafkaException as exc:
+        raise refused_setting(exc, config) from exc
 
 
 def consumer(connection: Connection, group_id: str | None = None,
              overrides: Mapping[str, Any] | None = None) -> Consumer:
-    return Consumer(consumer_config(connection, group_id, overrides))
+    config = consumer_config(connection, group_id, overrides)
+    try:
+        return Consumer(config)
+    except KafkaException as exc:
+        raise refused_setting(exc, config) from exc
+
+
+def refused_setting(exc: KafkaException, config: ClientConfig) -> Exception:
+    """librdkafka's refusal of a setting (a name it does not know, a value it cannot read) as
+    InvalidArgument naming the setting and its value (hidden for a secret); any other error as
+    it is."""
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError) or error.code() != KafkaError._INVALID_ARG:
+        return exc
+    named = _PROPERTY.search(error.str())
+    name = named.group(1) if named else "client setting"
+    value = config.get(name, config.get(_ALIASES.get(name, ""), "?"))
+    if _SECRET.search(name):
+        value = "(hidden)"
+    return InvalidArgument(name, value, error.str())
+
+
+_PROPERTY = re.compile(r'property:? "?([\w.-]+)"?')
+# librdkafka names some settings by their other name when it refuses them.
+_ALIASES = {"request.required.acks": "acks"}
+# Values not shown: a secret's, or a mistyped one's (sasl.passwrd).
+_SECRET = re.compile(r"^(sasl|ssl)\.|pass|secret|token|key|jaas|cred", re.I)
 
 
 class Admin(AdminClient):
     """An AdminClient that remembers its bootstrap address, so errors can name it."""
 
     def __init__(self, config: ClientConfig) -> None:
-        super().__init__(config)
+        try:
+            super().__init__(config)
+        except KafkaException as exc:
+            raise refused_setting(exc, config) from exc
         self.bootstrap = str(config["bootstrap.servers"])
         # The largest record redrive's clients of this connection will produce.
         self.record_limit = int(config.get("message.max.bytes", MESSAGE_MAX_BYTES))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable
+from pathlib import Path
 
 from redrive import headers as h
 from redrive.consumer import RetryingConsumer
@@ -229,6 +230,25 @@ def test_ls_and_show_spring_connect_streams_and_an_unreadable_record(
     assert unreadable.exit_code == 0
     assert "UNREADABLE: malformed header redrive-original-offset" in unreadable.stdout
     assert "redrive-original-offset: minus one" in unreadable.stdout
+
+
+def test_the_commands_take_their_connection_from_a_config_file(
+        bootstrap: str, new_topic: NewTopic, tmp_path: Path) -> None:
+    """A secured cluster's settings reach every client a command makes: here the broker list
+    comes from the file alone, and a setting librdkafka refuses is one line naming it."""
+    dlt = new_topic()
+    produce_records(bootstrap, dlt, [(b"k", b"v", [(h.REASON, b"exhausted")])])
+    settings = tmp_path / "client.properties"
+    settings.write_text(f"# as Kafka's client.properties\nbootstrap.servers={bootstrap}\n"
+                        "client.id=redrive-on-call\n")
+    listed = run_json("dlt", "ls", "--config-file", str(settings), "--dlt-topic", dlt)
+    assert [(row["key"], row["reason"]) for row in listed] == [("k", "exhausted")]
+    result = run_cli("dlt", "ls", "--config-file", str(settings), "-X", "sasl.passwrd=hunter2",
+                     "--dlt-topic", dlt)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: invalid sasl.passwrd='(hidden)': No such configuration property: "
+        '"sasl.passwrd"']
 
 
 def test_bad_input_is_one_line_and_publishes_nothing(bootstrap: str, new_topic: NewTopic,
