@@ -74,6 +74,11 @@ class Webhook:
                 why = (f"no whole answer within {self.timeout_s:g}s" if deadline.passed
                        else f"{type(exc).__name__}: {exc}")
                 raise WebhookFailed(self.url, why, transient=True) from exc
+        if deadline.passed:
+            # The socket shut down in the headers reads as their end (over TLS, before the
+            # status line too): the answer seemed whole, but the receiver may not have meant it.
+            raise WebhookFailed(self.url, f"no whole answer within {self.timeout_s:g}s",
+                                transient=True)
         if not 200 <= status < 300:
             raise WebhookFailed(self.url, f"HTTP {status}")
 
@@ -130,6 +135,8 @@ def _shut(sock: socket.socket) -> None:
 
 
 class _Connection(http.client.HTTPConnection):
+    """Hands its socket to the call's deadline once connected."""
+
     def __init__(self, deadline: _Deadline, host: str, **options: Any) -> None:
         super().__init__(host, **options)
         self._deadline = deadline
@@ -139,14 +146,8 @@ class _Connection(http.client.HTTPConnection):
         self._deadline.hold(self.sock)
 
 
-class _TLSConnection(http.client.HTTPSConnection):
-    def __init__(self, deadline: _Deadline, host: str, **options: Any) -> None:
-        super().__init__(host, **options)
-        self._deadline = deadline
-
-    def connect(self) -> None:
-        super().connect()
-        self._deadline.hold(self.sock)
+class _TLSConnection(_Connection, http.client.HTTPSConnection):
+    """The same over TLS: its connect() wraps the socket before the deadline gets it."""
 
 
 class _BoundedHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
