@@ -30,13 +30,22 @@ def room_of(path: Path) -> str:
 
 
 def imported_rooms(path: Path) -> set[str]:
+    """The rooms a module imports from: `import redrive.x`, `from redrive.x import y`,
+    `from redrive import x` and relative imports alike."""
+    package = ["redrive", *path.relative_to(PACKAGE).parent.parts]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
-                 else [])
-        found.update(name.split(".")[1] for name in names
-                     if name.startswith("redrive.") and name.count(".") >= 1)
+        if isinstance(node, ast.Import):
+            dotted = [alias.name.split(".") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = [*base, *(node.module or "").split(".")] if node.module else base
+            # `from redrive import x` names rooms; `from redrive.x import y` names x's members.
+            dotted = ([[*module, alias.name] for alias in node.names] if len(module) == 1
+                      else [module])
+        else:
+            continue
+        found.update(parts[1] for parts in dotted if parts[0] == "redrive" and len(parts) > 1)
     return found
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import click
+from click.core import ParameterSource
 
 from redrive.policy import Backoff, Naming, RetryPolicy
 
@@ -44,7 +45,9 @@ class Setting(click.ParamType):  # type: ignore[type-arg]
             return value
         name, sep, setting = str(value).partition("=")
         if not sep or not name.strip():
-            self.fail(f"{value!r}: expected KEY=VALUE", param, ctx)
+            # Not shown: `sasl.password hunter2` is a secret with its = missing.
+            self.fail("expected KEY=VALUE (the argument is not shown: it may hold a secret)",
+                      param, ctx)
         return name.strip(), setting
 
 
@@ -53,7 +56,7 @@ SETTING = Setting()
 _CONNECTION_OPTIONS = (
     click.option("--bootstrap", "-b", default=None, envvar="REDRIVE_BOOTSTRAP", show_envvar=True,
                  help="Kafka bootstrap servers (host:port); or bootstrap.servers in "
-                      "--config-file."),
+                      "--config-file or --config, which REDRIVE_BOOTSTRAP does not override."),
     click.option("--config-file", "config_file", default=None, envvar="REDRIVE_KAFKA_CONFIG",
                  show_envvar=True, type=click.Path(dir_okay=False, path_type=Path),
                  help="librdkafka settings, one KEY=VALUE a line (# comments): a secured "
@@ -72,7 +75,11 @@ def connection_options(function: Decorated) -> Decorated:
                 client_settings: Sequence[tuple[str, str]], **kwargs: Any) -> Any:
         connection = read_config_file(config_file) if config_file is not None else {}
         connection.update(settings(client_settings))
-        if bootstrap:
+        # A variable left exported (a development cluster's) must not send a command whose
+        # settings name their brokers, credentials included, to another cluster.
+        given = click.get_current_context().get_parameter_source("bootstrap")
+        if bootstrap and (given is not ParameterSource.ENVIRONMENT
+                          or not connection.get("bootstrap.servers")):
             connection["bootstrap.servers"] = bootstrap
         if not connection.get("bootstrap.servers"):
             raise click.UsageError("which brokers? give --bootstrap (or REDRIVE_BOOTSTRAP), or "

@@ -143,19 +143,23 @@ def refused_setting(exc: KafkaException, config: ClientConfig) -> Exception:
     error = exc.args[0] if exc.args else None
     if not isinstance(error, KafkaError) or error.code() != KafkaError._INVALID_ARG:
         return exc
-    named = _PROPERTY.search(error.str())
+    why = error.str()
+    named = _PROPERTY.search(why)
     name = named.group(1) if named else "client setting"
     value = config.get(name, config.get(_ALIASES.get(name, ""), "?"))
     if _SECRET.search(name):
+        # librdkafka's own text may repeat the value.
         value = "(hidden)"
-    return InvalidArgument(name, value, error.str())
+        why = ("librdkafka has no setting of this name" if "No such" in why
+               else "librdkafka cannot read its value")
+    return InvalidArgument(name, value, why)
 
 
 _PROPERTY = re.compile(r'property:? "?([\w.-]+)"?')
 # librdkafka names some settings by their other name when it refuses them.
 _ALIASES = {"request.required.acks": "acks"}
 # Values not shown: a secret's, or a mistyped one's (sasl.passwrd).
-_SECRET = re.compile(r"^(sasl|ssl)\.|pass|secret|token|key|jaas|cred", re.I)
+_SECRET = re.compile(r"^(sasl|ssl)\.|pass|secret|token|key|jaas|cred|auth", re.I)
 
 
 class Admin(AdminClient):
