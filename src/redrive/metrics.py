@@ -195,8 +195,8 @@ class Metrics:
     def reclaimed(self, count: int) -> None:
         self._reclaimed.labels(self.runtime, self.group).inc(count)
 
-    def notification_given_up(self) -> None:
-        self._given_up.labels(self.runtime, self.group).inc()
+    def notification_given_up(self, count: int = 1) -> None:
+        self._given_up.labels(self.runtime, self.group).inc(count)
 
     def lost(self, topic: str, count: int) -> None:
         self._child(self._lost, topic).inc(count)

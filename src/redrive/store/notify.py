@@ -65,6 +65,10 @@ class Notifier:
         self.retry_after_s = retry_after_s
         self.tries = tries
         self.metrics = metrics
+        if metrics is not None:
+            # The series exists from the start, at 0: a scheduler's first give-up, after a
+            # restart too, is then an increase an alert sees.
+            metrics.notification_given_up(0)
         self._quiet_until = 0.0
         self._failing: dict[int, _Failing] = {}  # by row id
 
