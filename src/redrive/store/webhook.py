@@ -14,7 +14,9 @@ import http.client
 import json
 import socket
 import threading
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -52,6 +54,15 @@ class Webhook:
     def __init__(self, url: str, *, timeout_s: float = 10.0) -> None:
         if not url.startswith(("http://", "https://")):
             raise InvalidArgument("webhook", url, "must be an http:// or https:// URL")
+        try:
+            # What every call would otherwise fail on, outside the errors it converts.
+            parts = urllib.parse.urlsplit(url)
+            if not parts.hostname:
+                raise ValueError("it names no host")
+            parts.hostname.encode("idna")
+            _ = parts.port
+        except (ValueError, UnicodeError) as exc:
+            raise InvalidArgument("webhook", url, f"not a URL that can be called: {exc}") from exc
         self.url = url
         self.timeout_s = timeout_s
 
@@ -64,6 +75,9 @@ class Webhook:
             try:
                 with opener.open(request, timeout=self.timeout_s) as response:
                     status = int(response.status)
+                    # Before the response closes the socket, whose number another thread
+                    # could be given again by the time a late cut used it.
+                    deadline.release()
             except urllib.error.HTTPError as exc:
                 if 300 <= exc.code < 400:
                     raise WebhookFailed(self.url, f"HTTP {exc.code}, a redirect to "
@@ -98,22 +112,32 @@ class _Deadline:
 
     def __init__(self, seconds: float) -> None:
         self.passed = False
+        self._seconds = seconds
+        self._ends = 0.0  # time.monotonic()
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
         self._timer = threading.Timer(seconds, self._cut)
         self._timer.daemon = True
 
     def __enter__(self) -> _Deadline:
+        self._ends = time.monotonic() + self._seconds
         self._timer.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """The call is done with its socket: no cut touches it from now on."""
         self._timer.cancel()
         with self._lock:
             self._socket = None
 
+    def left(self) -> float:
+        return max(0.001, self._ends - time.monotonic())
+
     def hold(self, sock: socket.socket) -> None:
-        """The call's socket, once connected: shut down at once if the time is up already."""
+        """The call's socket: shut down at once if the time is up already."""
         with self._lock:
             self._socket = sock
             if self.passed:
@@ -135,15 +159,43 @@ def _shut(sock: socket.socket) -> None:
 
 
 class _Connection(http.client.HTTPConnection):
-    """Hands its socket to the call's deadline once connected."""
+    """Hands its socket to the call's deadline from before it connects (a proxy's answer to
+    CONNECT is read inside connect()), and again once connected (TLS wraps it anew)."""
 
     def __init__(self, deadline: _Deadline, host: str, **options: Any) -> None:
         super().__init__(host, **options)
         self._deadline = deadline
+        # socket.create_connection, which HTTPConnection calls through this attribute, gives
+        # each of a name's addresses the whole timeout, one after the other.
+        self._create_connection = self._open_socket
 
     def connect(self) -> None:
         super().connect()
         self._deadline.hold(self.sock)
+
+    def _open_socket(self, address: tuple[str, int], timeout: float | None,
+                     source_address: tuple[str, int] | None = None) -> socket.socket:
+        """socket.create_connection, each address tried for the time the call has left."""
+        host, port = address
+        failure: OSError | None = None
+        for family, kind, protocol, _, where in socket.getaddrinfo(host, port, 0,
+                                                                   socket.SOCK_STREAM):
+            if self._deadline.passed:
+                break
+            sock = socket.socket(family, kind, protocol)
+            self._deadline.hold(sock)
+            try:
+                sock.settimeout(self._deadline.left())
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(where)
+            except OSError as exc:
+                failure = exc
+                sock.close()
+                continue
+            sock.settimeout(timeout)
+            return sock
+        raise failure if failure is not None else OSError(f"{host}:{port}: no address answered")
 
 
 class _TLSConnection(_Connection, http.client.HTTPSConnection):

@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from redrive.clock import now_ms
+from redrive.errors import InvalidArgument
 from redrive.metrics import Metrics
 from redrive.store import RetryStore, Scheduler, claims
 from redrive.store.notify import DOWN_AFTER, Notifier
@@ -238,6 +239,39 @@ def test_a_webhook_call_answered_a_byte_at_a_time_ends_at_its_timeout(
         Webhook(url, timeout_s=1)(row)
     assert 1 <= time.monotonic() - started < 2.5
     assert failed.value.transient  # says nothing against the row
+
+
+def test_a_webhook_call_to_a_name_of_unanswering_addresses_ends_at_its_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of a name's addresses had the whole timeout, one after the other: three that never
+    answer took this call 3 s of its 1 s."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = listener.getsockname()[1]
+    # One connection fills the queue of a listener that never accepts: the next SYNs go
+    # unanswered.
+    filler = socket.create_connection(("127.0.0.1", port), timeout=5)
+    silent = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: [silent] * 3)
+    with RetryStore(tmp_path / "store.db") as store:
+        dead_rows(store, "silent", 1)
+        [row] = store.find()
+    started = time.monotonic()
+    try:
+        with pytest.raises(WebhookFailed, match=r"no whole answer within 1s") as failed:
+            Webhook(f"http://receiver.example:{port}/", timeout_s=1)(row)
+    finally:
+        filler.close()
+        listener.close()
+    assert time.monotonic() - started < 2
+    assert failed.value.transient
+
+
+@pytest.mark.parametrize("url", ["http://[::1/", "http://a..b/", "http:///path",
+                                 "https://host:port/"])
+def test_a_webhook_url_no_call_could_use_is_refused_at_once(url: str) -> None:
+    """Before, it was taken, and every call then failed with an error no caller converts."""
+    with pytest.raises(InvalidArgument, match=r"not a URL that can be called"):
+        Webhook(url)
 
 
 def test_a_webhook_answer_that_is_not_http_is_a_transient_failure(
