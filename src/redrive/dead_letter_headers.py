@@ -79,7 +79,7 @@ def _origin(topic: str | None, partition: int | None, offset: int | None,
     return Origin(topic, partition, offset, timestamp)
 
 
-def _read_redrive(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+def _read_redrive(headers: Sequence[tuple[str, bytes | None]]) -> DeadLetterInfo | None:
     if last(headers, REASON) is None and last(headers, ERROR_TYPE) is None:
         return None
     delivery = read_delivery(headers)
@@ -88,7 +88,7 @@ def _read_redrive(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None
         text_of(headers, ERROR_TRACE), delivery.attempt, delivery.group, text_of(headers, REASON))
 
 
-def _read_spring(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+def _read_spring(headers: Sequence[tuple[str, bytes | None]]) -> DeadLetterInfo | None:
     for prefix, error_prefix in ((SPRING_ORIGINAL, SPRING_EXCEPTION),
                                  (SPRING_RETRY_ORIGINAL, SPRING_RETRY_EXCEPTION)):
         topic = last(headers, prefix + "topic")
@@ -108,7 +108,7 @@ def _read_spring(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
     return None
 
 
-def _read_prefixed(headers: Sequence[tuple[str, bytes]], system: str, prefix: str,
+def _read_prefixed(headers: Sequence[tuple[str, bytes | None]], system: str, prefix: str,
                    type_header: str, message_header: str,
                    trace_header: str) -> DeadLetterInfo | None:
     topic = last(headers, prefix + "topic")
@@ -123,7 +123,7 @@ def _read_prefixed(headers: Sequence[tuple[str, bytes]], system: str, prefix: st
         _lenient_text(last(headers, prefix + trace_header)))
 
 
-def _read_share_group(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+def _read_share_group(headers: Sequence[tuple[str, bytes | None]]) -> DeadLetterInfo | None:
     # The broker writes no error type: the consumer only rejected the record, or stopped
     # acknowledging it until its delivery count ran out.
     topic = last(headers, SHARE_GROUP + "topic")
@@ -137,7 +137,7 @@ def _read_share_group(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | 
         _lenient_text(last(headers, SHARE_GROUP + "group")))
 
 
-def _read_karafka(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+def _read_karafka(headers: Sequence[tuple[str, bytes | None]]) -> DeadLetterInfo | None:
     topic = last(headers, KARAFKA + "topic")
     if topic is None:
         return None
@@ -147,12 +147,12 @@ def _read_karafka(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None
                           _lenient_text(last(headers, KARAFKA + "consumer_group")))
 
 
-def _read_connect(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+def _read_connect(headers: Sequence[tuple[str, bytes | None]]) -> DeadLetterInfo | None:
     return _read_prefixed(headers, "connect", "__connect.errors.", "exception.class.name",
                           "exception.message", "exception.stacktrace")
 
 
-def _read_streams(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+def _read_streams(headers: Sequence[tuple[str, bytes | None]]) -> DeadLetterInfo | None:
     return _read_prefixed(headers, "streams", "__streams.errors.", "exception", "message",
                           "stacktrace")
 
@@ -163,7 +163,7 @@ _READERS = (_read_redrive, _read_spring, _read_connect, _read_streams, _read_sha
             _read_karafka)
 
 
-def read_dead_letter(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | None:
+def read_dead_letter(headers: Sequence[tuple[str, bytes | None]]) -> DeadLetterInfo | None:
     """Where a dead-letter record came from and why, from the first header set that is present.
 
     Raises MalformedHeader only for redrive's own headers; other systems' sets are read leniently.
@@ -175,7 +175,7 @@ def read_dead_letter(headers: Sequence[tuple[str, bytes]]) -> DeadLetterInfo | N
     return None
 
 
-def header_sets(headers: Sequence[tuple[str, bytes]]) -> tuple[str, ...]:
+def header_sets(headers: Sequence[tuple[str, bytes | None]]) -> tuple[str, ...]:
     """Every system whose dead-letter header set the record carries, in order of precedence."""
     found = []
     for reader in _READERS:
@@ -188,8 +188,11 @@ def header_sets(headers: Sequence[tuple[str, bytes]]) -> tuple[str, ...]:
     return tuple(found)
 
 
-def header_text(name: str, value: bytes) -> str:
-    """A header's value for people: Spring's binary numbers as numbers, other bytes as text."""
+def header_text(name: str, value: bytes | None) -> str:
+    """A header's value for people: Spring's binary numbers as numbers, other bytes as text,
+    null as `(null)`."""
+    if value is None:
+        return "(null)"
     if name in _SPRING_INTS and len(value) in (4, 8):
         return str(int.from_bytes(value, "big", signed=True))
     try:

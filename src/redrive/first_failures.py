@@ -25,7 +25,7 @@ from redrive.policy import Disposition, HeaderFormat, RetryPolicy
 from redrive.record import ErrorInfo
 from redrive.routing import DeadLetter, Retry, Route
 
-_Pairs = list[tuple[str, bytes]]
+_Pairs = list[tuple[str, bytes | None]]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class FirstFailures:
         self._by_data = policy.routes_by_data
 
     def route(self, topic: str, partition: int, offset: int, timestamp_ms: int | None,
-              headers: Sequence[tuple[str, bytes]], error: ErrorInfo,
+              headers: Sequence[tuple[str, bytes | None]], error: ErrorInfo,
               now_ms: int | None = None) -> Route | None:
         for name, _ in headers:
             if name.startswith(h.PREFIX):

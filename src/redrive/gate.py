@@ -28,7 +28,7 @@ class Admission:
         return self.next_due_ms is not None
 
 
-def due_of(headers: Sequence[tuple[str, bytes]]) -> int | None:
+def due_of(headers: Sequence[tuple[str, bytes | None]]) -> int | None:
     """A record's due time; None if it has none.
 
     A malformed due time counts as due now, so that the record reaches routing, which sends it to

@@ -22,7 +22,7 @@ try:
 except ImportError:  # not built (the extension is optional): the Python below serves
     _headers = None  # type: ignore[assignment]
 
-Headers = list[tuple[str, bytes]]
+Headers = list[tuple[str, bytes | None]]
 
 PREFIX = "redrive-"
 ATTEMPT = "redrive-attempt"
@@ -47,23 +47,24 @@ _INTEGER_HEADERS = (ATTEMPT, DUE, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_
 
 def normalize(headers: Iterable[tuple[str, Any]] | Mapping[str, Any] | None) -> Headers:
     """Headers as confluent-kafka and Spark hand them over (None for none; None, str or
-    bytearray values), as a list of (str, bytes)."""
+    bytearray values), as a list of (str, bytes or None). A null value stays None: a copy
+    keeps it null, as Kafka tells null from empty."""
     if not headers:
         return []
     if isinstance(headers, Mapping):
         headers = list(headers.items())
     elif type(headers) is list:
         for _, value in headers:
-            if type(value) is not bytes:
+            if type(value) is not bytes and value is not None:
                 break
         else:
-            # Already (str, bytes) pairs, as a consumed message's headers mostly are: handed on
-            # as they are, without a copy, on the path of every record that has headers.
+            # Already (str, bytes or None) pairs, as a consumed message's headers are: handed
+            # on as they are, without a copy, on the path of every record that has headers.
             return headers
     out: Headers = []
     for name, value in headers:
         if value is None:
-            out.append((name, b""))
+            out.append((name, None))
         elif isinstance(value, str):
             out.append((name, value.encode()))
         elif isinstance(value, bytes | bytearray | memoryview):
@@ -74,29 +75,31 @@ def normalize(headers: Iterable[tuple[str, Any]] | Mapping[str, Any] | None) -> 
     return out
 
 
-def last(headers: Sequence[tuple[str, bytes]], name: str) -> bytes | None:
-    """The last value of a header: Kafka allows repeats and the latest writer wins."""
+def last(headers: Sequence[tuple[str, bytes | None]], name: str) -> bytes | None:
+    """The last value of a header (Kafka allows repeats and the latest writer wins); None when
+    it is absent. A null value reads as empty: redrive writes none, and one of its own headers
+    holding null is as malformed as one holding nothing."""
     for key, value in reversed(headers):
         if key == name:
-            return value
+            return b"" if value is None else value
     return None
 
 
-def has_redrive(headers: Sequence[tuple[str, bytes]]) -> bool:
+def has_redrive(headers: Sequence[tuple[str, bytes | None]]) -> bool:
     return any(name.startswith(PREFIX) for name, _ in headers)
 
 
 MALFORMED_PREFIX = "redrive-malformed-"
 
 
-def set_aside(headers: Sequence[tuple[str, bytes]]) -> Headers:
+def set_aside(headers: Sequence[tuple[str, bytes | None]]) -> Headers:
     """The headers with redrive's renamed `redrive-malformed-<name>`: a record dead-lettered as
     malformed keeps its unreadable values, and the redrive headers written on it then parse."""
     return [(MALFORMED_PREFIX + name[len(PREFIX):] if name.startswith(PREFIX) else name, value)
             for name, value in headers]
 
 
-def readable_group(headers: Sequence[tuple[str, bytes]]) -> str | None:
+def readable_group(headers: Sequence[tuple[str, bytes | None]]) -> str | None:
     """The group a record names when another of its redrive headers cannot be read: the copy is
     still that group's alone to dead-letter, not every group's that reads its topic."""
     raw = last(headers, GROUP)
@@ -108,7 +111,7 @@ def readable_group(headers: Sequence[tuple[str, bytes]]) -> str | None:
         return None
 
 
-def text_of(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
+def text_of(headers: Sequence[tuple[str, bytes | None]], name: str) -> str | None:
     """A header's last value as text; raises MalformedHeader if it is not UTF-8."""
     return _utf8(name, last(headers, name))
 
@@ -122,7 +125,7 @@ def _utf8(name: str, raw: bytes | None) -> str | None:
         raise MalformedHeader(name, raw, "not UTF-8 text") from exc
 
 
-def _integer(headers: Sequence[tuple[str, bytes]], name: str) -> int | None:
+def _integer(headers: Sequence[tuple[str, bytes | None]], name: str) -> int | None:
     return _whole_number(name, last(headers, name))
 
 
@@ -158,12 +161,12 @@ def _whole_number(name: str, raw: bytes | None) -> int | None:
     return value
 
 
-def read_due(headers: Sequence[tuple[str, bytes]]) -> int | None:
+def read_due(headers: Sequence[tuple[str, bytes | None]]) -> int | None:
     """The record's due time in epoch ms, None when it has none; raises MalformedHeader."""
     return _integer(headers, DUE)
 
 
-def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
+def read_delivery(headers: Sequence[tuple[str, bytes | None]]) -> Delivery:
     """Decode and validate redrive's headers into a Delivery; raises MalformedHeader."""
     if _headers is not None:
         delivery = _headers.read_delivery(headers)
@@ -172,13 +175,13 @@ def read_delivery(headers: Sequence[tuple[str, bytes]]) -> Delivery:
     return read_delivery_python(headers)
 
 
-def read_delivery_python(headers: Sequence[tuple[str, bytes]]) -> Delivery:
+def read_delivery_python(headers: Sequence[tuple[str, bytes | None]]) -> Delivery:
     """read_delivery without the C extension: the reference, and its way for what C defers."""
     # One pass, the last value of each name winning: this runs for every retried record.
     found: dict[str, bytes] = {}
     for name, value in headers:
         if name.startswith(PREFIX):
-            found[name] = value
+            found[name] = b"" if value is None else value  # as last() reads it
     if not found:
         return NO_HISTORY
     get = found.get
@@ -212,7 +215,7 @@ def _origin_of(topic: str | None, partition: int | None, offset: int | None,
     return Origin(topic, partition, offset, timestamp)
 
 
-def validate(headers: Sequence[tuple[str, bytes]]) -> None:
+def validate(headers: Sequence[tuple[str, bytes | None]]) -> None:
     """Raise MalformedHeader if any redrive header present cannot be parsed."""
     read_delivery(headers)
     reason = text_of(headers, REASON)
@@ -228,7 +231,7 @@ def cut(text: str, limit: int) -> str:
     return data[:limit].decode("utf-8", errors="ignore")
 
 
-def replace(headers: Sequence[tuple[str, bytes]],
+def replace(headers: Sequence[tuple[str, bytes | None]],
             updates: Mapping[str, str | int | bytes | None]) -> Headers:
     """Drop every header named in `updates`, then append the new values.
 
@@ -242,7 +245,7 @@ def replace(headers: Sequence[tuple[str, bytes]],
     return replace_python(headers, updates)
 
 
-def replace_python(headers: Sequence[tuple[str, bytes]],
+def replace_python(headers: Sequence[tuple[str, bytes | None]],
                    updates: Mapping[str, str | int | bytes | None]) -> Headers:
     """replace without the C extension: the reference, and its way for what C defers."""
     kept: Headers = [(name, value) for name, value in headers if name not in updates]

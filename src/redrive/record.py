@@ -68,7 +68,7 @@ class Record(_RecordSlots):
     timestamp_ms: int
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
     delivery: Delivery = field(default_factory=Delivery)
 
     def origin(self) -> Origin:
@@ -99,7 +99,8 @@ def _builders() -> tuple[Any, Any]:
 
     def __init__(self: Record, topic: str, partition: int, offset: int, timestamp_ms: int,
                  key: bytes | None, value: bytes | None,
-                 headers: list[tuple[str, bytes]] = unset, delivery: Delivery = unset) -> None:
+                 headers: list[tuple[str, bytes | None]] = unset,
+                 delivery: Delivery = unset) -> None:
         building: Any = self
         set_attr(self, "__class__", building_type)
         building.topic = topic
@@ -113,7 +114,7 @@ def _builders() -> tuple[Any, Any]:
         building.__class__ = record_type
 
     def new_record(topic: str, partition: int, offset: int, timestamp_ms: int,
-                   key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]],
+                   key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]],
                    delivery: Delivery) -> Record:
         """Record(...) with every field given, without the constructor call's overhead: the
         runtimes build one per consumed record."""

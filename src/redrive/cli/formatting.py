@@ -136,7 +136,7 @@ def detail(letter: DeadLetterRecord, at_ms: int) -> str:
     return "\n".join(shown(line) for line in lines)
 
 
-def _header_text(name: str, value: bytes) -> str:
+def _header_text(name: str, value: bytes | None) -> str:
     readable = header_text(name, value)
     if "stacktrace" in name or name.endswith("trace"):
         first = readable.splitlines()[0] if readable else ""

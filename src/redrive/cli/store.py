@@ -179,7 +179,8 @@ def show_command(ctx: click.Context, retry_id: int) -> None:
         click.echo(f"\nvalue ({len(row.value)} bytes): {shown(preview(row.value))}")
     if row.headers:
         click.echo("\n" + table(["header", "value"],
-                                 [[name, preview(value)] for name, value in row.headers
+                                 [[name, "(null)" if value is None else preview(value)]
+                                  for name, value in row.headers
                                   if not name.startswith("redrive-")]))
     if row.error_trace:
         click.echo("\n" + "\n".join(shown(line) for line in row.error_trace.rstrip().split("\n")))

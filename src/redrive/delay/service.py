@@ -351,7 +351,7 @@ class DelayService:
             if landed is not None and offset in landed:
                 yield None  # forwarded already, by a try that was refused another record
                 continue
-            record_headers: list[tuple[str, bytes]] = []
+            record_headers: list[tuple[str, bytes | None]] = []
             try:
                 record_headers = kafka.message_headers(message)  # a name not UTF-8: malformed
                 target, final_due = self._read(record_headers)
@@ -379,7 +379,7 @@ class DelayService:
                     batch.hops[topic] = batch.hops.get(topic, 0) + 1
             yield due
 
-    def _read(self, record_headers: list[tuple[str, bytes]]) -> tuple[str, int]:
+    def _read(self, record_headers: list[tuple[str, bytes | None]]) -> tuple[str, int]:
         """The record's target and final due time; only these two headers matter here (the
         target's own consumer validates the rest), which keeps the per-record cost low."""
         try:
@@ -422,7 +422,7 @@ class DelayService:
                                   if meta.error is None}
         return topic in self._known_topics
 
-    def _dead_letter(self, message: Message, record_headers: list[tuple[str, bytes]],
+    def _dead_letter(self, message: Message, record_headers: list[tuple[str, bytes | None]],
                      error: RedriveError, now: int) -> kafka.OutRecord:
         where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
         try:

@@ -95,7 +95,8 @@ class DeadLetterRecord:
         }
         if full:
             out["value"] = text(record.value)
-            out["headers"] = [[name, header_text(name, value)] for name, value in record.headers]
+            out["headers"] = [[name, None if value is None else header_text(name, value)]
+                              for name, value in record.headers]
             out["header_sets"] = list(header_sets(record.headers))
             out["error_trace"] = info.error_trace if info else None
         return out

@@ -205,7 +205,7 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
     done = read_log(connection, dlt_topic, timeout_s,
                     keys={log_key(*_coordinates(record)) for record in records})
 
-    plans: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes]]]] = []
+    plans: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes | None]]]] = []
     for record in records:
         source = _coordinates(record)
         earlier = done.get(log_key(*source))
@@ -255,7 +255,7 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
 
 def prepare_copy(record: DeadLetterRecord, to: str, to_topic: str | None, group: str | None,
                  keep_attempts: bool,
-                 counts: Mapping[str, int]) -> tuple[Target, list[tuple[str, bytes]]] | str:
+                 counts: Mapping[str, int]) -> tuple[Target, list[tuple[str, bytes | None]]] | str:
     """The copy's destination and headers, or why the record cannot be replayed."""
     if record.problem is not None:
         return f"unreadable headers: {record.problem}"
@@ -292,7 +292,7 @@ def _coordinates(letter: DeadLetterRecord) -> tuple[str, int, int]:
 
 
 def _publish(producer: Producer, *,
-             chunk: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes]]]],
+             chunk: list[tuple[DeadLetterRecord, Target, list[tuple[str, bytes | None]]]],
              audit: Audit, earlier: Mapping[str, dict[str, Any]], started: float,
              done_before: int, pace: float | None, timeout_s: float) -> list[Replayed]:
     """The body of one transaction: the chunk's copies, then (with their offsets) their log

@@ -401,7 +401,8 @@ class BatchBody:
         copies: list[kafka.OutRecord] = []
         counts: Counter[tuple[str, str | None, int, str | None, str, int]] = Counter()
         for row in routed:
-            pairs = [(pair["key"], bytes(pair["value"])) for pair in row["headers"]]
+            pairs: h.Headers = [(pair["key"], tasks.optional_bytes(pair["value"]))
+                              for pair in row["headers"]]
             decision = _decision(row, pairs)
             record = Record(row["source_topic"], -1, -1, -1, tasks.optional_bytes(row["key"]),
                             tasks.optional_bytes(row["value"]), pairs, h.read_delivery(pairs))
@@ -517,7 +518,7 @@ def _records(frame: Any) -> list[Record]:
     return records
 
 
-def _decision(row: Any, pairs: list[tuple[str, bytes]]) -> Route:
+def _decision(row: Any, pairs: list[tuple[str, bytes | None]]) -> Route:
     if row["kind"] == RETRY:
         return Retry(row["topic"], h.read_due(pairs) or 0, pairs, row["attempt"],
                      row["partition"])

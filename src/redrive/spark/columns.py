@@ -111,7 +111,7 @@ def _decoded(rows: int, kind: pa.StructType, tagged: list[int],
     return pa.StructArray.from_arrays(arrays, fields=list(kind))
 
 
-def _fields(pairs: list[tuple[str, bytes]]) -> dict[str, Any]:
+def _fields(pairs: list[tuple[str, bytes | None]]) -> dict[str, Any]:
     """One record's fields of the column; times in µs, as Arrow's timestamps here."""
     try:
         unreadable = unreadable_name(pairs)

@@ -80,7 +80,7 @@ def _in_range(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def story(headers: list[tuple[str, bytes]]) -> dict[str, Any]:
+def story(headers: list[tuple[str, bytes | None]]) -> dict[str, Any]:
     """The `_STORY` columns of one record (absent keys are null)."""
     out = _story(headers)
     # A dead letter a foreign producer wrote with a header name that is not UTF-8: its story is
@@ -91,7 +91,7 @@ def story(headers: list[tuple[str, bytes]]) -> dict[str, Any]:
     return out
 
 
-def _story(headers: list[tuple[str, bytes]]) -> dict[str, Any]:
+def _story(headers: list[tuple[str, bytes | None]]) -> dict[str, Any]:
     try:
         info = read_dead_letter(headers)
     except MalformedHeader as exc:

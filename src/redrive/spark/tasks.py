@@ -83,7 +83,8 @@ _ERROR_COLUMNS = ROUTING_COLUMNS[-4:]
 
 
 def record_of(row: Mapping[str, Any]) -> Record:
-    headers = [(pair["key"], bytes(pair["value"] or b"")) for pair in (row.get("headers") or [])]
+    headers: h.Headers = [(pair["key"], optional_bytes(pair["value"]))
+                        for pair in (row.get("headers") or [])]
     timestamp = row.get("timestamp")
     timestamp_ms = int(timestamp.timestamp() * 1000) if timestamp is not None else 0
     return Record(row["topic"], int(row["partition"]), int(row["offset"]), timestamp_ms,
@@ -155,7 +156,7 @@ def failures(batch: pa.RecordBatch, routed: set[Coordinates]
         info = known.get(error)
         if info is None:
             info = known[error] = _error_info(*error)
-        headers = [(pair["key"], pair["value"] or b"") for pair in pairs or ()]
+        headers: h.Headers = [(pair["key"], pair["value"]) for pair in pairs or ()]
         yield Record(topic, partition, offset, 0 if stamp_us is None else stamp_us // 1000,
                      key, value, headers), info
 

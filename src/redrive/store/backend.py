@@ -180,7 +180,7 @@ class _StoreBound(BoundBackend):
         return None
 
     def _entry(self, record: Record, origin: Origin, status: str,
-               headers: Sequence[tuple[str, bytes]], *, attempt: int, due_ms: int,
+               headers: Sequence[tuple[str, bytes | None]], *, attempt: int, due_ms: int,
                first_failure_ms: int | None = None, reason: str | None = None,
                error_type: str | None = None, error_message: str | None = None,
                error_trace: str | None = None) -> Entry:
@@ -222,6 +222,6 @@ class _StoreBound(BoundBackend):
         self._keys_active = {}
 
 
-def _text(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
+def _text(headers: Sequence[tuple[str, bytes | None]], name: str) -> str | None:
     raw = h.last(headers, name)
     return None if raw is None else raw.decode("utf-8", errors="replace")

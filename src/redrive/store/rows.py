@@ -20,7 +20,7 @@ from redrive.store.schema import DEAD, MODES, PARKED, PENDING, STATUSES, retries
 
 log = logging.getLogger("redrive.store")
 
-Headers = list[tuple[str, bytes]]
+Headers = list[tuple[str, bytes | None]]
 Coordinates = tuple[str, int, int]  # a record's original topic, partition and offset
 
 # redrive's headers that a republished copy takes from its row's columns (the scheduler writes
@@ -35,11 +35,13 @@ def key_digest(key: bytes | None) -> str | None:
     return None if key is None else hashlib.sha1(key, usedforsecurity=False).hexdigest()
 
 
-def encode_headers(headers: Sequence[tuple[str, bytes]]) -> str:
-    return json.dumps([[name, base64.b64encode(value).decode()] for name, value in headers])
+def encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> str:
+    """JSON [name, base64 value] pairs; a null value as JSON null."""
+    return json.dumps([[name, None if value is None else base64.b64encode(value).decode()]
+                       for name, value in headers])
 
 
-def stored_headers(headers: Sequence[tuple[str, bytes]]) -> Headers:
+def stored_headers(headers: Sequence[tuple[str, bytes | None]]) -> Headers:
     """What a row keeps of a record's headers: all but those its columns give (FROM_COLUMNS)."""
     return [(name, value) for name, value in headers if name not in FROM_COLUMNS]
 
@@ -50,7 +52,8 @@ def decode_headers(raw: str | None) -> Headers:
     try:
         pairs = json.loads(raw or "[]")
         # binascii's own decoder: base64.b64decode's argument checks cost as much again.
-        headers = [(name, binascii.a2b_base64(value)) for name, value in pairs]
+        headers: Headers = [(name, None if value is None else binascii.a2b_base64(value))
+                            for name, value in pairs]
     except (ValueError, TypeError) as exc:  # not JSON, not base64, not pairs
         raise ValueError(f"not a JSON list of [name, base64 value] pairs ({exc})") from exc
     if type(pairs) is not list or not all(type(name) is str for name, _ in headers):

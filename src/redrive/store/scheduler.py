@@ -303,7 +303,7 @@ class Scheduler:
                                partition_for(row.partition, partitions))
 
     def _read_back(self, row: StoredRetry) -> tuple[bytes | None, bytes | None,
-                                                    list[tuple[str, bytes]]] | None:
+                                                    list[tuple[str, bytes | None]]] | None:
         """The record at the row's original offset, or None if Kafka no longer has it (gone by
         retention, or compacted or aborted: then no record fills the offset). Raises
         RangeReadFailed when it cannot be read in time."""
