@@ -85,16 +85,19 @@ def test_error_fields_are_cut_at_character_boundaries() -> None:
 
 def test_normalize_accepts_what_clients_hand_over() -> None:
     assert h.normalize([("a", bytearray(b"1")), ("b", None), ("c", "t")]) == \
-        [("a", b"1"), ("b", b""), ("c", b"t")]
+        [("a", b"1"), ("b", None), ("c", b"t")]
     assert h.normalize(None) == []
 
 
-def test_consumed_headers_with_a_null_value_get_empty_bytes() -> None:
-    pairs = [("a", b"1"), ("b", None)]
-    assert h.normalize(pairs) == [("a", b"1"), ("b", b"")]
-    clean = [("a", b"1")]
-    assert h.normalize(clean) is clean  # nothing to convert, nothing copied
+def test_consumed_headers_keep_a_null_value_null_and_a_redrive_one_reads_as_empty() -> None:
+    pairs: list[tuple[str, bytes | None]] = [("a", b"1"), ("b", None)]
+    assert h.normalize(pairs) is pairs  # as consumed: nothing to convert, nothing copied
     assert h.normalize(None) == []
+    assert h.last(pairs, "b") == b"" and h.last(pairs, "c") is None
+    # Null is not a number: as malformed as an empty value, in C and in Python.
+    for read in (h.read_delivery, h.read_delivery_python):
+        with pytest.raises(MalformedHeader, match=h.ATTEMPT):
+            read([(h.ATTEMPT, None)])
 
 
 def test_a_header_value_that_is_not_bytes_str_or_none_is_refused_naming_the_header() -> None:
@@ -102,4 +105,4 @@ def test_a_header_value_that_is_not_bytes_str_or_none_is_refused_naming_the_head
     with pytest.raises(InvalidArgument, match=r"header 'n'.*5"):
         h.normalize([("a", b"x"), ("n", 5)])
     assert h.normalize([("a", bytearray(b"x")), ("b", "y"), ("c", None)]) == [
-        ("a", b"x"), ("b", b"y"), ("c", b"")]
+        ("a", b"x"), ("b", b"y"), ("c", None)]

@@ -208,7 +208,7 @@ def test_failures_are_read_column_by_column_with_each_distinct_error_decoded_onc
     routed: set[tasks.Coordinates] = set()
     read = list(tasks.failures(failed, routed))
     assert [(r.offset, r.key, r.value, r.headers) for r, _ in read] == [
-        (0, None, b"v0", []), (1, b"k", None, [("h", b"")]), (2, b"k2", b"1", []),
+        (0, None, b"v0", []), (1, b"k", None, [("h", None)]), (2, b"k2", b"1", []),
         (3, b"k", b"1", [])]
     assert read[0][0].timestamp_ms == int(stamp.timestamp() * 1000)
     assert [(e.type_name, e.message) for _, e in read] == [
