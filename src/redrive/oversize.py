@@ -33,7 +33,8 @@ def slimmed(record: OutRecord) -> OutRecord:
     cut: list[tuple[str, bytes | None]] = []
     changed = False
     for name, value in record.headers:
-        if name in _TRACES and value != CUT_NOTE:
+        # A null trace stays null; a short one would not shrink.
+        if name in _TRACES and value is not None and len(value) > len(CUT_NOTE):
             value, changed = CUT_NOTE, True
         elif name in _MESSAGES and value is not None and len(value) > MESSAGE_KEPT:
             value, changed = _shortened(value), True

@@ -5,18 +5,21 @@ turned it into an empty value."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
+from fastapi.testclient import TestClient
 
 from redrive import headers as h
 from redrive import kafka
 from redrive.consumer import RetryingConsumer
 from redrive.delay import DelayService, Tiers
 from redrive.ops.replay import TO_ORIGINAL, replay
+from redrive.ops.web import create_app
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.store import RetryStore, Scheduler, StoreBackend
@@ -25,6 +28,7 @@ from .background import Running
 from .consumer.conftest import FAST_GROUP, Handled, committed, wait_until
 from .delay.conftest import TEST_TIERS, now_ms
 from .delay.conftest import running as service_running
+from .ops.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -120,6 +124,22 @@ def test_the_store_republishes_a_null_value_as_null(
     assert raw_headers(bootstrap, topic, 2) == [HEADERS] * 2  # the original, then its copy
     assert [n_v for n_v in seen.calls[1][0].headers if n_v[0] == "trace-flag"] == [
         ("trace-flag", None)]
+
+
+def test_the_tools_show_a_null_value_as_null_and_never_match_it_as_empty(
+        bootstrap: str, new_topic: Callable[..., str]) -> None:
+    dlt = new_topic()
+    produce(bootstrap, dlt, b"dead", [*HEADERS, (h.REASON, b"exhausted")])
+    web = TestClient(create_app(bootstrap, timeout_s=5.0))
+    page = web.get(f"/dead-letters/{dlt}/0/0")
+    assert page.status_code == 200
+    assert "<th>trace-flag</th><td><i>(null)</i></td>" in page.text
+    assert "<th>empty</th><td></td>" in page.text
+    shown = web.get(f"/api/dead-letters/{dlt}/0/0").json()
+    assert ["trace-flag", None] in shown["headers"] and ["empty", ""] in shown["headers"]
+    base = ["dlt", "ls", "-b", bootstrap, "--dlt-topic", dlt, "--json", "--header"]
+    assert len(json.loads(run_cli(*base, "empty=").stdout)) == 1
+    assert json.loads(run_cli(*base, "trace-flag=").stdout) == []  # null is not empty
 
 
 def test_a_replay_keeps_a_null_value_null(

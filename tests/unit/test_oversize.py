@@ -60,6 +60,18 @@ def test_a_short_message_is_kept_and_a_copy_without_error_text_is_refused() -> N
     assert "even with" not in str(refused.value)
 
 
+def test_a_null_or_short_trace_is_left_as_it_is() -> None:
+    """Before, each was replaced by the note: a null one became text, a short one grew."""
+    copy = _copy(trace=b"t" * 5000)
+    copy = kafka.OutRecord(copy.topic, copy.value, copy.key, [
+        *[(n, v) for n, v in copy.headers if n != SPRING_EXCEPTION + "stacktrace"],
+        (SPRING_EXCEPTION + "stacktrace", None)], 3, 17)
+    cut = dict(slimmed(copy).headers)
+    assert cut[h.ERROR_TRACE] == CUT_NOTE and cut[SPRING_EXCEPTION + "stacktrace"] is None
+    short = dict(slimmed(_copy(trace=b"short")).headers)
+    assert short[h.ERROR_TRACE] == b"short"
+
+
 def _small_producer(limit: int) -> Producer:
     # librdkafka checks message.max.bytes as produce() is called: no broker is needed.
     return Producer({"bootstrap.servers": "127.0.0.1:9", "message.max.bytes": limit,
@@ -93,7 +105,7 @@ def test_produce_sends_the_slimmed_copy_when_the_producer_refuses_the_whole_one(
     with pytest.raises(RecordTooLarge) as refused:
         kafka.produce(producer, big_value, on_delivery, shrink=shrink)
     assert refused.value.origin == "orders[0]@7"
-    assert len(made) == 2  # cut once, and refused again: nothing more to cut
+    assert len(made) == 1  # its one-byte trace left as it is: nothing to cut, refused at once
     producer.purge()  # what was queued is reported, as purged
     producer.flush(5)
     assert queued == [100]  # the slimmed copy alone

@@ -164,10 +164,17 @@ def _v3_notifying(conn: Connection) -> None:
                       "WHERE notified_ms < 0"))
 
 
+def _v4_null_header_values(conn: Connection) -> None:
+    """Nothing to change in the tables: a row's headers column may now hold a JSON null for a
+    header whose value is null, which a redrive before this one takes for a corrupt row. The
+    version makes such a redrive refuse the store (SchemaTooNew) rather than kill those rows."""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "retries table with due, key, notification and filter indexes", _v1_retries),
     Migration(2, "whether a row's group keeps its key in order", _v2_ordered),
     Migration(3, "dead rows claimed for notification", _v3_notifying),
+    Migration(4, "headers may hold null values", _v4_null_header_values),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -72,7 +72,7 @@ def test_a_store_of_the_first_schema_gains_the_ordered_column_with_its_rows_kept
         first.close()
     store = RetryStore(store_url)
     try:
-        assert store.schema_version() == LATEST == 3
+        assert store.schema_version() == LATEST == 4
         assert [(r.offset, r.status) for r in store.find(RowFilter(group="g"))] == [
             (4, DEAD), (5, DEAD)]
         with store.engine.connect() as conn:
