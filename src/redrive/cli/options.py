@@ -8,6 +8,7 @@ on the names.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -34,6 +35,9 @@ metrics_port_option = click.option("--metrics-port", type=click.IntRange(0, 6553
                                    help="Serve Prometheus metrics on this port.")
 
 
+_NAME = re.compile(r"[\w.-]*")
+
+
 class Setting(click.ParamType):  # type: ignore[type-arg]
     """A librdkafka setting written KEY=VALUE."""
 
@@ -45,9 +49,12 @@ class Setting(click.ParamType):  # type: ignore[type-arg]
             return value
         name, sep, setting = str(value).partition("=")
         if not sep or not name.strip():
-            # Not shown: `sasl.password hunter2` is a secret with its = missing.
-            self.fail("expected KEY=VALUE (the argument is not shown: it may hold a secret)",
-                      param, ctx)
+            # Only the name is shown: `sasl.password hunter2` is a secret with its = missing.
+            shown = _NAME.match(str(value))
+            named = shown.group() if shown else ""
+            rest = " (what follows it is not shown: it may be a secret)" \
+                if len(named) < len(str(value)) else ""
+            self.fail(f"{named!r}: expected KEY=VALUE{rest}", param, ctx)
         return name.strip(), setting
 
 
