@@ -75,13 +75,14 @@ def normalize(headers: Iterable[tuple[str, Any]] | Mapping[str, Any] | None) -> 
     return out
 
 
-def last(headers: Sequence[tuple[str, bytes | None]], name: str) -> bytes | None:
+def last(headers: Sequence[tuple[str, bytes | None]], name: str, *,
+         null: bytes | None = b"") -> bytes | None:
     """The last value of a header (Kafka allows repeats and the latest writer wins); None when
-    it is absent. A null value reads as empty: redrive writes none, and one of its own headers
-    holding null is as malformed as one holding nothing."""
+    it is absent. A null value reads as `null`: empty by default, as redrive writes no nulls and
+    one of its own headers holding null is as malformed as one holding nothing."""
     for key, value in reversed(headers):
         if key == name:
-            return b"" if value is None else value
+            return null if value is None else value
     return None
 
 

@@ -150,15 +150,6 @@ def parse_header_match(value: str) -> tuple[str, str]:
     return name, expected
 
 
-def _value(headers: Sequence[tuple[str, bytes | None]], name: str) -> bytes | None:
-    """A header's last value as it is: None for a null one, which `--header NAME=` must not
-    take for empty (h.last reads null as empty, for redrive's own headers)."""
-    for key, value in reversed(headers):
-        if key == name:
-            return value
-    return None
-
-
 @dataclass(frozen=True)
 class DeadLetterFilter:
     """Which dead-letter records to select; every given condition must hold (empty: all).
@@ -196,7 +187,8 @@ class DeadLetterFilter:
             return False
         if self.keys and text(record.key) not in self.keys:
             return False
-        return all(text(_value(record.headers, name)) == expected
+        # A null value is not the empty one `--header NAME=` asks for.
+        return all(text(h.last(record.headers, name, null=None)) == expected
                    for name, expected in self.headers)
 
     def offsets(self, partition: int, low: int, high: int) -> tuple[int, int] | None:
