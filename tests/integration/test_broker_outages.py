@@ -371,9 +371,13 @@ def test_idle_runtimes_report_a_broker_that_stops_answering_within_seconds(
                 f"delay service {topic}-service": service.metrics,
                 "store scheduler": scheduler.metrics}
     caplog.set_level(logging.INFO, logger="redrive")
+    # Started before the freeze: a start during an outage fails (BrokerUnavailable), which is
+    # not what this test is about.
+    scheduler.start()
     runs = [Background(consumer), Background(service), Background(scheduler)]
     try:
         wait_until(lambda: len(calls.values()) == 1, 30, "the one record handled")
+        wait_until(lambda: bool(service.assignment), 30, "the delay service's tiers assigned")
         os.kill(own_broker.pid, signal.SIGSTOP)
         try:
             stopped = time.monotonic()

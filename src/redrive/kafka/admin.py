@@ -59,7 +59,7 @@ def create_topics(admin_: AdminClient, topics: Mapping[str, int], *,
             if code == KafkaError.TOPIC_ALREADY_EXISTS:
                 drop_stack(exc)  # the future keeps it, and the callers' frames through it
                 continue
-            if code in _UNANSWERED:  # librdkafka's own timeout may come first
+            if code in UNANSWERED:  # librdkafka's own timeout may come first
                 raise BrokerUnavailable(_bootstrap(admin_), f"creating topic {name!r} got no "
                                         f"answer in {timeout_s:g} s ({error})") from exc
             raise TopicNotCreated(name, error) from exc
@@ -81,7 +81,7 @@ class TopicNotCreated(RedriveError, KafkaException):
         return f"creating topic {self.topic!r} failed: {why}"
 
 
-_UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
 
 
 # A topic's limit on the size of a record batch, and so of one record, and Kafka's default.
@@ -153,7 +153,7 @@ def _topic_configs(admin_: AdminClient, topics: Sequence[str],
                                     f"got no answer in {timeout_s:g} s") from exc
         except KafkaException as exc:
             error = exc.args[0]
-            if isinstance(error, KafkaError) and error.code() in _UNANSWERED:
+            if isinstance(error, KafkaError) and error.code() in UNANSWERED:
                 raise BrokerUnavailable(_bootstrap(admin_), str(error)) from exc
             drop_stack(exc)  # as in create_topics
             continue

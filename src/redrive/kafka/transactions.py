@@ -36,10 +36,11 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from redrive.errors import DeliveryFailed, RedriveError
+from redrive.errors import BrokerUnavailable, DeliveryFailed, RedriveError
+from redrive.kafka.admin import UNANSWERED
 from redrive.kafka.causes import drop_stack
 from redrive.kafka.closing import LEAST_S
-from redrive.kafka.config import Connection, producer
+from redrive.kafka.config import Connection, client_config, producer
 from redrive.kafka.produce import Shrink, flush_closing, produce
 from redrive.kafka.records import OutRecord
 
@@ -101,14 +102,24 @@ class TransactionalProducer:
 
     def start(self) -> None:
         """Make the producer and initialise its transactions, which fences older producers with
-        this id and aborts what they left open. Raises ProducerFenced, or KafkaException when
-        no broker answers."""
+        this id and aborts what they left open. Raises ProducerFenced, BrokerUnavailable when
+        no broker answers in time, or KafkaException."""
         candidate = self._make(self._connection, transactional_id=self.transactional_id,
                                overrides=self._overrides)
         try:
             candidate.init_transactions(self._timeout_s)
         except KafkaException as exc:
+            drop_stack(exc)
             self._raise_if_fenced(exc)
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.code() in UNANSWERED:
+                # librdkafka's words ("retry call to resume") name neither the broker nor the
+                # producer: a runtime starting during an outage would end with no clue.
+                raise BrokerUnavailable(
+                    str(client_config(self._connection)["bootstrap.servers"]),
+                    f"initialising the transactions of transactional.id="
+                    f"{self.transactional_id!r} got no answer in {self._timeout_s:g} s "
+                    f"({error.str()})") from exc
             raise
         self._producer = candidate
 
@@ -232,7 +243,7 @@ class TransactionalProducer:
             return
         try:
             self.start()
-        except KafkaException as exc:
+        except (KafkaException, BrokerUnavailable) as exc:
             log.error("a new producer for %s could not be started yet: %s",
                       self.transactional_id, exc.args[0])
             return

@@ -18,6 +18,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from redrive import kafka
+from redrive.dev.ports import free_port
+from redrive.errors import BrokerUnavailable
 from redrive.kafka.transactions import (
     ProducerFactory,
     ProducerFenced,
@@ -311,6 +313,24 @@ def test_the_producers_requests_time_out_with_its_calls_unless_the_user_says_oth
             TransactionalProducer(connection, unique_name("txn"), timeout_s=7,
                                   overrides=overrides, make=make).start()
     assert [o.get("socket.timeout.ms") for o in seen] == [7_000, 45_000, None]
+
+
+def test_a_start_no_broker_answers_names_the_bootstrap_and_the_transactional_id(
+        unique_name: UniqueName) -> None:
+    # A runtime starting while the brokers are down (or frozen) ended with librdkafka's
+    # "Timed out waiting for operation to finish, retry call to resume" and nothing else.
+    address = f"127.0.0.1:{free_port()}"
+    transactional_id = unique_name("txn")
+    transactions = TransactionalProducer(address, transactional_id, timeout_s=1.5)
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable) as raised:
+        transactions.start()
+    assert time.monotonic() - started < 10
+    assert raised.value.bootstrap == address
+    assert f"transactional.id={transactional_id!r}" in str(raised.value)
+    assert "got no answer in 1.5 s" in str(raised.value)
+    with pytest.raises(TransactionAborted, match="not started"):
+        assert transactions.producer is None
 
 
 def test_an_exception_of_the_body_aborts_and_propagates(
