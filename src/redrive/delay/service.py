@@ -418,8 +418,10 @@ class DelayService:
             # One metadata call per poll at most, and only when a target is unknown.
             self._refreshed = True
             metadata = self._require_consumer().list_topics(timeout=10)
+            # A topic being deleted can be listed without partitions (noida-db): a copy sent
+            # there waits in the producer until it times out instead of being refused.
             self._known_topics = {name for name, meta in metadata.topics.items()
-                                  if meta.error is None}
+                                  if meta.error is None and meta.partitions}
         return topic in self._known_topics
 
     def _dead_letter(self, message: Message, record_headers: list[tuple[str, bytes | None]],

@@ -492,6 +492,13 @@ def test_a_target_deleted_while_records_wait_for_it_is_dead_lettered_not_held_fo
         first.close()
         admin = kafka.admin(bootstrap)
         admin.delete_topics([gone])[gone].result(10)
+        # Deleted for good before "after" goes: in between, noida-db may list it without
+        # partitions, and a copy the service sent then would wait in its producer until its
+        # message timeout (a minute, in transactional mode) instead of being refused.
+        deadline = time.monotonic() + 15
+        while gone in kafka.topic_partitions(admin):
+            assert time.monotonic() < deadline, f"{gone} still listed 15 s after its deletion"
+            time.sleep(0.1)
         schedule(producer, gone, b"after", delay=0.1, tiers=tiers)
         for i in range(3):
             schedule(producer, kept, f"kept{i}".encode(), delay=0.1, tiers=tiers)

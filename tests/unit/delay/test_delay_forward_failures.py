@@ -15,6 +15,7 @@ from redrive.clock import now_ms
 from redrive.delay import DelayService
 from redrive.delay.batch import Batch
 from redrive.delay.tiers import DEFAULT_TIERS
+from redrive.errors import InvalidArgument
 from redrive.kafka.transactions import TransactionAborted
 
 from ..fakes import FakeConsumer
@@ -112,3 +113,28 @@ def test_a_target_that_cannot_be_checked_in_an_outage_is_read_again_not_fatal() 
     assert service.health.down
     assert service.metrics.total("redrive_forwarded_total") == 0
     assert service.metrics.total("redrive_dead_lettered_total") == 0
+
+
+class Listed:
+    def __init__(self, partitions: int) -> None:
+        self.error = None
+        self.partitions = dict.fromkeys(range(partitions))
+
+
+class Metadata:
+    def __init__(self, topics: dict[str, int]) -> None:
+        self.topics = {name: Listed(count) for name, count in topics.items()}
+
+
+class Deleting(FakeConsumer):
+    def list_topics(self, timeout: float) -> Metadata:
+        return Metadata({"orders": 0, "payments": 1})
+
+
+def test_a_target_listed_without_partitions_is_no_target() -> None:
+    service = DelayService("127.0.0.1:9")
+    service._consumer = Deleting()  # type: ignore[assignment]
+    with pytest.raises(InvalidArgument, match="redrive-target='orders': no such topic"):
+        service._check_target(b"orders")
+    service._refreshed = False
+    assert service._check_target(b"payments") == "payments"
