@@ -60,11 +60,11 @@ lint: .venv
 typecheck: .venv
 	$(PY) -m mypy
 
-# Two workers: one runs the Spark tests that share a JVM and the Connect server, the other every
-# other file meanwhile, the standalone cluster's among them (tests/conftest.py,
-# SparkFilesTogether). One after the other took 21 min.
+# Three workers: two run the Spark tests in two halves, a JVM each (the Connect server's files in
+# one), the third every other file meanwhile (tests/conftest.py, SparkFilesTogether). Two workers
+# took 19-22 min with a third of the CPU idle while tests waited on brokers; three took 14.
 pytest: .venv tools postgres browser promtool
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 3 --dist loadfile
 
 unit: .venv promtool
 	$(PY) -m pytest -q tests/unit

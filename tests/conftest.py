@@ -78,21 +78,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 SPARK_TESTS = "tests/integration/spark/"
 # Files whose drivers are processes of their own (cluster_runner.py, driver_runner.py), sharing
-# no JVM with the other Spark files: each alone is a unit the other worker can take. On the Spark
-# worker, which took 966 s of a 977 s run against the other's 809, the cluster's made that worker
-# the longer one; on 2026-11-29 the driver crash test took 131 s of it.
+# no JVM with the other Spark files: each alone is a unit any worker can take.
 SPARK_OWN_DRIVER_TESTS = (SPARK_TESTS + "test_cluster.py", SPARK_TESTS + "test_driver_crash.py")
+# The Spark Connect server's files, and enough classic ones to make the two halves about equal
+# (453 s and 452 s of a 2026-11-29 run): each half is a unit with a JVM of its own, so two
+# workers run Spark at once instead of one worker running 905 s of it.
+SPARK_CONNECT_UNIT = tuple(SPARK_TESTS + name for name in (
+    "test_connect_pipeline.py", "test_connect_source.py", "test_dead_letter_table.py",
+    "test_scheduled_runs.py", "test_spark_source.py", "test_pipeline_outage.py"))
 
 
 class SparkFilesTogether(LoadFileScheduling):
-    """`--dist loadfile` (what `make test` runs on two workers), with the files under
-    tests/integration/spark/ one unit, so the session's JVM and the Connect server each start
-    once. Being the largest unit, it starts first, and the other worker takes the other files
-    one by one meanwhile, the standalone cluster's and the driver crash test's among them."""
+    """`--dist loadfile` (what `make test` runs on three workers), with the files under
+    tests/integration/spark/ in two units, so that a worker's JVM and the Connect server start
+    once. Being the largest units, they start first, and the third worker takes the other
+    files one by one meanwhile, the standalone cluster's and the driver crash test's among
+    them."""
 
     def _split_scope(self, nodeid: str) -> str:
         if nodeid.startswith(SPARK_TESTS) and not nodeid.startswith(SPARK_OWN_DRIVER_TESTS):
-            return SPARK_TESTS
+            return SPARK_TESTS + ("connect" if nodeid.startswith(SPARK_CONNECT_UNIT)
+                                  else "classic")
         return super()._split_scope(nodeid)
 
 
