@@ -164,7 +164,19 @@ def _whole_number(name: str, raw: bytes | None) -> int | None:
 
 def read_due(headers: Sequence[tuple[str, bytes | None]]) -> int | None:
     """The record's due time in epoch ms, None when it has none; raises MalformedHeader."""
-    return _integer(headers, DUE)
+    try:
+        return _integer(headers, DUE)
+    except MalformedHeader as exc:
+        raise _naming_null(exc, headers) from None
+
+
+def _naming_null(exc: MalformedHeader, headers: Sequence[tuple[str, bytes | None]]
+                 ) -> MalformedHeader:
+    """`exc` as it reads when the value it names was a null, which redrive reads as empty: an
+    operator told of `redrive-due=b''` would look for an empty value the record does not hold."""
+    if exc.value == b"" and last(headers, exc.header, null=None) is None:
+        return MalformedHeader(exc.header, None, f"a null value ({exc.why})")
+    return exc
 
 
 def read_delivery(headers: Sequence[tuple[str, bytes | None]]) -> Delivery:
@@ -185,6 +197,13 @@ def read_delivery_python(headers: Sequence[tuple[str, bytes | None]]) -> Deliver
             found[name] = b"" if value is None else value  # as last() reads it
     if not found:
         return NO_HISTORY
+    try:
+        return _delivery(found)
+    except MalformedHeader as exc:
+        raise _naming_null(exc, headers) from None
+
+
+def _delivery(found: dict[str, bytes]) -> Delivery:
     get = found.get
     attempt, due, partition, offset, timestamp, first_failure = [
         _whole_number(name, get(name)) for name in _INTEGER_HEADERS]

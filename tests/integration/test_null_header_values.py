@@ -86,6 +86,33 @@ def test_the_consumers_copies_and_its_handler_keep_a_null_value(
     assert raw_headers(bootstrap, f"{topic}.{group}.dlt", 1) == [HEADERS]
 
 
+def test_a_null_redrive_header_is_dead_lettered_as_malformed_naming_it_null(
+        bootstrap: str, new_topic: Callable[..., str], unique_name: Callable[..., str],
+        running: Callable[[RetryingConsumer], Running]) -> None:
+    topic, group = new_topic(), unique_name("nullattempt")
+    produce(bootstrap, topic, b"odd", [(h.ATTEMPT, None), ("plain", b"1")])
+    produce(bootstrap, topic, b"fine", [])
+    seen = Handled()
+    run = running(RetryingConsumer(bootstrap, topic, group, RetryPolicy(), seen.add,
+                                   config=FAST_GROUP))
+    wait_until(lambda: committed(bootstrap, group, topic) == {0: 2}, 30, "both records done")
+    run.stop()
+    assert seen.values() == [b"fine"]
+    consumer = kafka.consumer(bootstrap)
+    consumer.assign([TopicPartition(f"{topic}.{group}.dlt", 0, 0)])
+    try:
+        dead = [m for m in consumer.consume(10, 10) if m.error() is None]
+    finally:
+        consumer.close()
+    assert [m.value() for m in dead] == [b"odd"]
+    headers = kafka.message_headers(dead[0])
+    assert h.last(headers, h.REASON) == b"malformed"
+    assert h.last(headers, h.ERROR_MESSAGE) == (
+        b"malformed header redrive-attempt=None: a null value (expected a decimal integer)")
+    # the unreadable value kept as it came, null
+    assert ("redrive-malformed-attempt", None) in headers
+
+
 def test_the_delay_service_forwards_a_null_value_as_null(
         bootstrap: str, new_topic: Callable[..., str], unique_name: Callable[..., str]) -> None:
     target = new_topic(1)

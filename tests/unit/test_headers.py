@@ -1,4 +1,6 @@
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -69,6 +71,28 @@ def test_malformed_headers_raise_one_error_type_naming_header_and_value(
         h.validate(pairs)
     assert caught.value.header == header
     assert header in str(caught.value)
+
+
+@pytest.mark.parametrize("read", [h.read_delivery, h.read_delivery_python, h.read_due])
+@pytest.mark.parametrize("pairs", [
+    [(h.DUE, None)],
+    [(h.DUE, b"5"), (h.DUE, None)],  # the last value wins, null or not
+    [(h.ATTEMPT, b"1"), (h.DUE, None), ("x", None)],
+])
+def test_a_null_value_of_a_redrive_header_is_named_null_not_empty(
+        read: Any, pairs: list[tuple[str, bytes | None]]) -> None:
+    with pytest.raises(MalformedHeader) as caught:
+        read(pairs)
+    assert (caught.value.header, caught.value.value) == (h.DUE, None)
+    assert str(caught.value) == ("malformed header redrive-due=None: a null value (expected a "
+                                 "decimal integer)")
+
+
+def test_an_empty_value_is_still_named_empty() -> None:
+    with pytest.raises(MalformedHeader, match=r"redrive-due=b'': expected a decimal integer"):
+        h.read_delivery([(h.DUE, None), (h.DUE, b"")])
+    with pytest.raises(MalformedHeader, match=r"redrive-group=None: a null value \(empty group"):
+        h.read_delivery([(h.GROUP, None)])
 
 
 def test_unknown_reason_is_malformed() -> None:
