@@ -62,7 +62,8 @@ typecheck: .venv
 
 # Three workers: two run the Spark tests in two halves, a JVM each (the Connect server's files in
 # one), the third every other file meanwhile (tests/conftest.py, SparkFilesTogether). Two workers
-# took 19-22 min with a third of the CPU idle while tests waited on brokers; three took 14.
+# took 20-22 min, one of them running 15 min of Spark alone, with the CPU about a third idle
+# while the broker-bound files waited on brokers; three took 14.
 pytest: .venv tools postgres browser promtool
 	$(PY) -m pytest -q -n 3 --dist loadfile
 
