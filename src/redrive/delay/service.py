@@ -384,10 +384,11 @@ class DelayService:
         target's own consumer validates the rest), which keeps the per-record cost low."""
         try:
             due = h.read_due(record_headers)
-            raw = h.last(record_headers, h.TARGET)
+            raw = h.last(record_headers, h.TARGET, null=None)
             if raw is None:
-                raise MalformedHeader(h.TARGET, None,
-                                      "missing: the delay service needs the topic to deliver to")
+                null = any(name == h.TARGET for name, _ in record_headers)
+                raise MalformedHeader(h.TARGET, None, f"{'a null value' if null else 'missing'}: "
+                                      "the delay service needs the topic to deliver to")
             if due is None:
                 raise MalformedHeader(h.DUE, None,
                                       "missing: the delay service needs the time to deliver at")

@@ -125,6 +125,9 @@ def test_malformed_records_go_to_the_dead_letter_topic_and_never_block(
             [(h.TARGET, b"no-such-topic-" + unique_name().encode()), (h.DUE, str(now).encode()),
              (h.GROUP, b"billing"), (h.ATTEMPT, b"2"), (h.ORIGINAL_TOPIC, b"orders"),
              (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"41")],
+            # Null values (Kafka tells them from empty ones), named as null.
+            [(h.TARGET, None), (h.DUE, str(now).encode())],
+            [(h.TARGET, target.encode()), (h.DUE, None)],
         ]
         good = [(h.TARGET, target.encode()), (h.DUE, str(now + 1_000).encode())]
         records = [kafka.OutRecord(tier, f"bad{i}".encode(), None, headers, timestamp_ms=now)
@@ -146,11 +149,14 @@ def test_malformed_records_go_to_the_dead_letter_topic_and_never_block(
     assert "no-such-topic-" in messages[3] and "no such topic" in messages[3]
     assert "redrive-due=None" in messages[4]
     assert "__consumer_offsets" in messages[5] and "Kafka's internal topics" in messages[5]
+    assert "redrive-target=None: a null value" in messages[7]
+    assert "redrive-due=None: a null value" in messages[8]
     # Their redrive headers set aside, so that the tools read why each died.
     assert dead[1].header("redrive-malformed-due") == "soon" and dead[1].header(h.DUE) is None
     letters = [DeadLetterRecord.of(new_record(d.topic, 0, i, d.timestamp_ms, d.key, d.value,
                                               d.headers, NO_HISTORY)) for i, d in enumerate(dead)]
-    assert [(letter.problem, letter.reason) for letter in letters] == [(None, "malformed")] * 7
+    assert [(letter.problem, letter.reason) for letter in letters] == [
+        (None, "malformed")] * len(bad)
     assert [dead[6].header(name) for name in (h.GROUP, h.ATTEMPT, h.ORIGINAL_OFFSET)] == [
         "billing", "2", "41"]
     assert letters[6].info is not None and letters[6].info.original is not None

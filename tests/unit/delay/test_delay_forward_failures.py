@@ -15,7 +15,7 @@ from redrive.clock import now_ms
 from redrive.delay import DelayService
 from redrive.delay.batch import Batch
 from redrive.delay.tiers import DEFAULT_TIERS
-from redrive.errors import InvalidArgument
+from redrive.errors import InvalidArgument, MalformedHeader
 from redrive.kafka.transactions import TransactionAborted
 
 from ..fakes import FakeConsumer
@@ -138,3 +138,18 @@ def test_a_target_listed_without_partitions_is_no_target() -> None:
         service._check_target(b"orders")
     service._refreshed = False
     assert service._check_target(b"payments") == "payments"
+
+
+@pytest.mark.parametrize("headers, says", [
+    ([(h.DUE, b"1")], "redrive-target=None: missing: the delay service needs the topic"),
+    ([(h.DUE, b"1"), (h.TARGET, b"orders"), (h.TARGET, None)],
+     "redrive-target=None: a null value: the delay service needs the topic"),
+])
+def test_a_record_without_a_target_is_malformed_naming_a_null_as_null(
+        headers: list[tuple[str, bytes | None]], says: str) -> None:
+    service = DelayService("127.0.0.1:9")
+    with pytest.raises(Exception) as caught:
+        service._read(headers)
+    error = getattr(caught.value, "error", None)
+    assert isinstance(error, MalformedHeader)
+    assert says in str(error)
