@@ -8,7 +8,7 @@ one bad record never hides the rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -312,11 +312,14 @@ class Reader:
             raise InvalidArgument(field, value,
                                   f"{self.topic} has partitions 0..{self._partitions - 1}")
 
-    def check_records(self, places: Iterable[tuple[int, int]], field: str) -> None:
-        """Refuse a named record the topic cannot hold (a replay of it would select nothing
-        and read as done), naming the field it was given as."""
+    def named(self, selection: DeadLetterFilter, field: str) -> list[DeadLetterRecord]:
+        """The records `selection` names by their coordinates that it matches, read once.
+        Refuses a named record the topic cannot hold (a replay of it would select nothing and
+        read as done), naming the field it was given as."""
+        for partition in sorted(selection.partitions):
+            self.check_partition(partition, "partition", partition)
         marks = self.marks()
-        named = sorted(set(places))
+        named = sorted(selection.coordinates)
         for partition, offset in named:
             self.check_partition(partition, field, f"{partition}:{offset}")
             low, high = marks[partition]
@@ -325,15 +328,16 @@ class Reader:
                                       f"{self.topic}[{partition}] holds no record there "
                                       f"(offsets {low}..{high - 1})" if high > low else
                                       f"{self.topic}[{partition}] holds no record")
+        letters = list(self.records(DeadLetterFilter(partitions=frozenset(p for p, _ in named),
+                                                     coordinates=selection.coordinates)))
         # Within the offsets, a transaction's marker or aborted record is no record either.
-        found = {(letter.record.partition, letter.record.offset) for letter in self.records(
-            DeadLetterFilter(partitions=frozenset(p for p, _ in named),
-                             coordinates=frozenset(named)))}
+        found = {(letter.record.partition, letter.record.offset) for letter in letters}
         for partition, offset in named:
             if (partition, offset) not in found:
                 raise InvalidArgument(field, f"{partition}:{offset}",
                                       f"{self.topic}[{partition}] holds no record there (a "
                                       "transaction's marker or aborted record)")
+        return [letter for letter in letters if selection.matches(letter)]
 
     def one(self, partition: int, offset: int) -> DeadLetterRecord:
         """The record at partition:offset; raises InvalidArgument if there is none."""

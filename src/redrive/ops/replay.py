@@ -156,8 +156,8 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
            to: str = TO_RETRY, group: str | None = None, keep_attempts: bool = False,
            selection: DeadLetterFilter | None = None, dry_run: bool = False,
            rate: str | float | None = None, actor: str | None = None, again: bool = False,
-           progress: Progress | None = None,
-           metrics: Metrics | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplayReport:
+           progress: Progress | None = None, metrics: Metrics | None = None,
+           timeout_s: float = DEFAULT_TIMEOUT_S, named_as: str = "record") -> ReplayReport:
     """Republish the dead-letter records of `dlt_topic` that `selection` matches.
 
     to=TO_RETRY needs `to_topic`, the group's first retry topic (see `first_retry_topic`);
@@ -165,7 +165,8 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
     copies; by default each record's own group (from its dead-letter headers) is used, and a
     record with neither is skipped, as is one with no known original or unreadable headers.
     A record replayed before is left alone, unless `again`. `progress(n, total)` is called as
-    records are handled.
+    records are handled. A record `selection` names by its coordinates that the topic does not
+    hold is refused, naming the field `named_as` (what the caller took them as).
     """
     if to not in (TO_RETRY, TO_ORIGINAL):
         raise InvalidArgument("to", to, f"expected {TO_RETRY!r} or {TO_ORIGINAL!r}")
@@ -184,10 +185,11 @@ def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None
     if to_topic is not None and to_topic not in counts:
         raise UnknownTopic(to_topic)
     reader = Reader(connection, dlt_topic, timeout_s)
-    if selection is not None and selection.coordinates:
-        reader.check_records(selection.coordinates, "record")
     report = ReplayReport(dry_run=dry_run)
-    records = list(reader.records(selection or DeadLetterFilter()))
+    if selection is not None and selection.coordinates:
+        records = reader.named(selection, named_as)
+    else:
+        records = list(reader.records(selection or DeadLetterFilter()))
     report.selected = len(records)
 
     transactions: TransactionalProducer | None = None

@@ -3,9 +3,11 @@ consumer runtime; a second replay publishes nothing; the audit log holds who, wh
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
@@ -15,6 +17,7 @@ from redrive import headers as h
 from redrive import kafka, topics
 from redrive.consumer import RetryingConsumer
 from redrive.metrics import Metrics
+from redrive.ops import deadletters
 from redrive.ops.deadletters import make_filter
 from redrive.ops.replay import LOG_CONFIG, REPLAY_LOG, TO_ORIGINAL, ReplayFailed, read_log, replay
 from redrive.ops.web import create_app
@@ -255,6 +258,38 @@ def test_a_named_record_the_topic_does_not_hold_is_refused_naming_it(
     done = run_cli(*base, "--record", "0:0")
     assert done.exit_code == 0, done.output
     assert [r.value for r in read_all(bootstrap, topic, expect=1)] == [b"v"]
+
+
+def test_named_records_are_read_once_for_their_check_and_replay(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console checked the named records, replay checked them again, then read them: three
+    reads of the same offsets, each about a fifth of a replay of 5,000 records."""
+    topic, dlt = new_topic(), new_topic()
+    headers = [(h.REASON, b"exhausted"), (h.GROUP, b"g"), (h.ORIGINAL_TOPIC, topic.encode()),
+               (h.ORIGINAL_PARTITION, b"0"), (h.ORIGINAL_OFFSET, b"0")]
+    produce_records(bootstrap, dlt, [(b"a", b"v", headers), (b"b", b"w", headers)])
+    reads: list[str] = []
+    real = deadletters.read_topic
+
+    def counted(connection: kafka.Connection, name: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(name)
+        return real(connection, name, *args, **kwargs)
+
+    monkeypatch.setattr(deadletters, "read_topic", counted)
+    web = TestClient(create_app(bootstrap, token="t"))
+    done = web.post("/api/replay", json={"dlt": dlt, "records": ["0:1"], "to": "original",
+                                         "dry_run": False}, headers={"Authorization": "Bearer t"})
+    assert done.status_code == 200, done.text
+    assert [item["source"] for item in done.json()["replayed"]] == [[dlt, 0, 1]]
+    assert reads.count(dlt) == 1
+    assert [m.key for m in read_all(bootstrap, topic, expect=1)] == [b"b"]
+    # the selection's other conditions still apply to the records it names
+    named = deadletters.DeadLetterFilter(coordinates=frozenset({(0, 0)}))
+    assert replay(bootstrap, dlt, to=TO_ORIGINAL, dry_run=True, selection=named).selected == 1
+    report = replay(bootstrap, dlt, to=TO_ORIGINAL, dry_run=True, selection=dataclasses.replace(
+        named, reasons=frozenset({"malformed"})))
+    assert report.selected == 0
 
 
 def test_a_transaction_left_open_on_the_replay_log_stops_a_replay_rather_than_repeat_one(
