@@ -126,10 +126,6 @@ def _utf8(name: str, raw: bytes | None) -> str | None:
         raise MalformedHeader(name, raw, "not UTF-8 text") from exc
 
 
-def _integer(headers: Sequence[tuple[str, bytes | None]], name: str) -> int | None:
-    return _whole_number(name, last(headers, name))
-
-
 _MAX_DIGITS = 19  # Kafka's offsets and timestamps are 64-bit
 # The largest value each number may take, as Kafka and Spark hold it: an attempt and a partition
 # are 32-bit (Spark's int columns), an offset 64-bit, a time (epoch ms) at most the end of the
@@ -165,7 +161,7 @@ def _whole_number(name: str, raw: bytes | None) -> int | None:
 def read_due(headers: Sequence[tuple[str, bytes | None]]) -> int | None:
     """The record's due time in epoch ms, None when it has none; raises MalformedHeader."""
     try:
-        return _integer(headers, DUE)
+        return _whole_number(DUE, last(headers, DUE))
     except MalformedHeader as exc:
         raise _naming_null(exc, headers) from None
 
