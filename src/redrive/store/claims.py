@@ -10,7 +10,7 @@ from operator import itemgetter
 
 from sqlalchemy import Connection, Row, and_, or_, select, update
 
-from redrive.store.keys import release_keys
+from redrive.store.keys import lock_keys, release_keys
 from redrive.store.matching import one_of
 from redrive.store.rows import CorruptRow, StoredRetry, row_positions
 from redrive.store.schema import DEAD, IN_FLIGHT, PARKED, PENDING, SUCCEEDED, retries
@@ -120,6 +120,12 @@ def settle(conn: Connection, batch: DueBatch) -> None:
     c, dialect = retries.c, conn.dialect.name
     claimed = and_(c.status == IN_FLIGHT, c.dispatched_ms.is_(None),
                    c.updated_ms == batch.claimed_ms)
+    if batch.dead:
+        # Before any row changes, as a consumer's outcomes take them: otherwise a record the
+        # consumer parks meanwhile sees its head still in flight, and the release below does not
+        # see it yet, so it stays parked until the orphan sweep.
+        lock_keys(conn, dialect, [(r.group, r.topic, r.key)
+                                  for rows, *_ in batch.dead for r in rows])
     if batch.dispatched:
         # A copy may already have been handled: a row that succeeded or died keeps that and
         # only learns when it was dispatched; one that failed again waits, pending, for its

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import text, update
 
 from redrive.clock import now_ms
+from redrive.dev.postgres import DevPostgres
 from redrive.errors import InvalidArgument
-from redrive.store import RetryStore, RowFilter
+from redrive.store import RetryStore, RowFilter, claims
 from redrive.store.rows import Success, key_digest
 from redrive.store.schema import (
     CANCELLED,
@@ -25,7 +26,7 @@ from redrive.store.schema import (
     versions,
 )
 
-from .conftest import entry
+from .conftest import ExternalPostgres, entry
 
 
 def test_schema_is_created_once_even_by_concurrent_openers(store_url: str) -> None:
@@ -254,3 +255,33 @@ def test_requeue_lets_a_key_kept_in_order_go_one_row_at_a_time(store: RetryStore
     assert [statuses()[(b"k", o)] for o in (2, 5, 9)] == [SUCCEEDED, PENDING, PARKED]
     store.write([], [Success("g", "t", 0, 8, 1, b"b")])
     assert statuses()[(b"b", 7)] == PENDING
+
+
+def test_a_record_parked_while_the_scheduler_kills_its_head_is_released_with_it(
+        postgres: DevPostgres | ExternalPostgres) -> None:
+    """On PostgreSQL (SQLite runs its writers one at a time) a consumer's outcomes and a
+    scheduler's marks run at once. A record the consumer parked while the scheduler marked the
+    key's head dead saw that head still in flight, and the release in the scheduler's
+    transaction did not see the new parked row: it stayed parked until the orphan sweep, half
+    a minute later."""
+    store = RetryStore(postgres.create_database())
+    try:
+        store.write([entry("g", "t", 1, key=b"k", ordered=True, due_ms=now_ms() - 10)], [])
+        with store.take_due(10) as batch:
+            batch.mark_dead(batch.rows, "unknown-topic", "the target is gone", now_ms())
+            batch.defer()
+        parked = entry("g", "t", 2, key=b"k", status=PARKED, attempt=0, ordered=True)
+        with store.engine.connect() as conn:
+            marking = conn.begin()
+            claims.settle(conn, batch)
+            consumer = threading.Thread(target=store.write, args=([parked], []))
+            consumer.start()
+            consumer.join(1.0)
+            assert consumer.is_alive(), "the consumer's write did not wait for the marks"
+            marking.commit()
+        consumer.join(30)
+        assert not consumer.is_alive()
+        assert {r.offset: r.status for r in store.find(RowFilter(group="g"))} == {
+            1: DEAD, 2: PENDING}
+    finally:
+        store.close()
