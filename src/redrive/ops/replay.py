@@ -39,6 +39,7 @@ from redrive import headers as h
 from redrive import kafka, topics
 from redrive.clock import now_ms
 from redrive.errors import InvalidArgument, RedriveError, UnknownTopic
+from redrive.gc_pause import gc_paused
 from redrive.kafka.ranges import RangeReadFailed, read_topic
 from redrive.kafka.transactions import TransactionAborted, TransactionalProducer
 from redrive.metrics import Metrics
@@ -152,6 +153,9 @@ class Target:
     partition: int | None
 
 
+# Without the collector a replay of 10,000 named records took 0.72 s instead of 0.98 s (medians
+# of four each, alternating; bench/ops.py's dead letters).
+@gc_paused()
 def replay(connection: kafka.Connection, dlt_topic: str, *, to_topic: str | None = None,
            to: str = TO_RETRY, group: str | None = None, keep_attempts: bool = False,
            selection: DeadLetterFilter | None = None, dry_run: bool = False,

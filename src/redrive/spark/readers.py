@@ -27,6 +27,7 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from redrive import kafka
+from redrive.gc_pause import gc_paused
 from redrive.kafka.ranges import (
     RANGE_READ_DEFAULTS,
     LastClientError,
@@ -37,7 +38,6 @@ from redrive.kafka.ranges import (
 )
 from redrive.spark import buffers
 from redrive.spark.columns import arrow_type, with_redrive_column
-from redrive.spark.gc_pause import gc_paused
 from redrive.spark.options import (
     SourceOptionError,
     SourceOptions,

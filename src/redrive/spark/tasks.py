@@ -22,13 +22,13 @@ from redrive import kafka
 from redrive.clock import now_ms
 from redrive.errors import MalformedHeader, OutputMismatch
 from redrive.first_failures import FirstFailures
+from redrive.gc_pause import gc_paused
 from redrive.metrics import SKIPPED_OTHER_GROUP
 from redrive.oversize import slimmed
 from redrive.policy import Disposition, RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Route, route
 from redrive.spark.columns import unreadable_name
-from redrive.spark.gc_pause import gc_paused
 from redrive.spark.ledger import CopyKey, copies_since, copy_key
 from redrive.spark.outcomes import DEAD_LETTER, FAILED, OK, RETRY, SKIPPED
 from redrive.spark.writer import produce_cached

@@ -4,6 +4,7 @@ consumer runtime; a second replay publishes nothing; the audit log holds who, wh
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -129,9 +130,16 @@ def test_replay_to_the_original_topic_keeps_attempts_and_skips_what_it_cannot(
     handler.fixed.set()
     metrics = Metrics("replay", group)
     progress: list[tuple[int, int]] = []
+    collecting: list[bool] = []  # whether the garbage collector ran, at each progress call
+
+    def advanced(n: int, total: int) -> None:
+        progress.append((n, total))
+        collecting.append(gc.isenabled())
+
     report = replay(bootstrap, dlt, to=TO_ORIGINAL, keep_attempts=True, rate="20/s",
                     selection=make_filter(keys=["k1", "k2", "k9"]), actor="api@test",
-                    metrics=metrics, progress=lambda n, total: progress.append((n, total)))
+                    metrics=metrics, progress=advanced)
+    assert collecting and not any(collecting) and gc.isenabled()
     assert report.selected == 3 and len(report.replayed) == 2 and not report.already
     assert [s.why.split(":")[0] for s in report.skipped] == ["unreadable headers"]
     checked = run_cli("dlt", "replay", "-b", bootstrap, "--dlt-topic", dlt, "--to", "original",
