@@ -1,6 +1,6 @@
-"""The console's reads of a dead-letter topic run with the garbage collector held off (a quarter
-of a page that read 100,000 dead letters went to collections that found nothing), and give it
-back as they end, on an error too."""
+"""The on-call tools' reads of a dead-letter topic (the console's pages, `redrive dlt ls`) run
+with the garbage collector held off (a quarter to a third of a read of 100,000 dead letters went
+to collections that found nothing), and give it back as they end, on an error too."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from redrive.cli import cli
+from redrive.cli import ops as cli_ops
 from redrive.ops import console as console_module
 from redrive.ops.console import Console, Selection
 
@@ -35,4 +38,19 @@ def test_the_collector_is_off_while_the_console_reads_and_on_after(
     assert gc.isenabled()
     with pytest.raises(Stop):
         read(Console("127.0.0.1:1", token=None))
+    assert seen == [False] and gc.isenabled()
+
+
+def test_the_collector_is_off_while_dlt_ls_reads_and_on_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+
+    class Reader:
+        def __init__(self, *args: Any) -> None:
+            seen.append(gc.isenabled())
+            raise Stop
+
+    monkeypatch.setattr(cli_ops, "Reader", Reader)
+    result = CliRunner().invoke(cli, ["dlt", "ls", "-b", "127.0.0.1:1", "--dlt-topic", "x.g.dlt"])
+    assert isinstance(result.exception, Stop)
     assert seen == [False] and gc.isenabled()
