@@ -1,5 +1,6 @@
 """Holding Python's cyclic garbage collector off around redrive's own bulk work: the Spark
-executors' reads and routing, and the on-call tools' reads of a dead-letter topic and replays.
+executors' reads and routing, the delay service's polls, and the on-call tools' reads of a
+dead-letter topic and replays.
 
 With tens of thousands of tracked objects alive at once (consumed messages, a batch's rows and
 records, dead letters), allocations set off full collections that walk all of them and cost a
