@@ -21,6 +21,17 @@ class Stop(Exception):
     pass
 
 
+def reader_noting_the_collector(seen: list[bool]) -> type:
+    """A Reader that notes whether the collector runs as it is made, then stops the read."""
+
+    class Reader:
+        def __init__(self, *args: Any) -> None:
+            seen.append(gc.isenabled())
+            raise Stop
+
+    return Reader
+
+
 @pytest.mark.parametrize("read", [
     lambda console: console.view("x.g.dlt", Selection()),
     lambda console: console.letters("x.g.dlt", Selection()),
@@ -28,13 +39,7 @@ class Stop(Exception):
 def test_the_collector_is_off_while_the_console_reads_and_on_after(
         monkeypatch: pytest.MonkeyPatch, read: Callable[[Console], Any]) -> None:
     seen: list[bool] = []
-
-    class Reader:
-        def __init__(self, *args: Any) -> None:
-            seen.append(gc.isenabled())
-            raise Stop
-
-    monkeypatch.setattr(console_module, "Reader", Reader)
+    monkeypatch.setattr(console_module, "Reader", reader_noting_the_collector(seen))
     assert gc.isenabled()
     with pytest.raises(Stop):
         read(Console("127.0.0.1:1", token=None))
@@ -44,13 +49,7 @@ def test_the_collector_is_off_while_the_console_reads_and_on_after(
 def test_the_collector_is_off_while_dlt_ls_reads_and_on_after(
         monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
-
-    class Reader:
-        def __init__(self, *args: Any) -> None:
-            seen.append(gc.isenabled())
-            raise Stop
-
-    monkeypatch.setattr(cli_ops, "Reader", Reader)
+    monkeypatch.setattr(cli_ops, "Reader", reader_noting_the_collector(seen))
     result = CliRunner().invoke(cli, ["dlt", "ls", "-b", "127.0.0.1:1", "--dlt-topic", "x.g.dlt"])
     assert isinstance(result.exception, Stop)
     assert seen == [False] and gc.isenabled()
