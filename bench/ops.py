@@ -95,7 +95,7 @@ def raw_produce_s(bootstrap: str, topic: str, records: list[Any]) -> float:
     timed window as the replay makes its producer, and each delivery checked. Not redrive's
     idempotent producer: librdkafka starts an idempotent (not transactional) producer's id
     request on a 500 ms timer, so its first send waits 0.5-1 s, which made this baseline
-    1.04 s instead of 0.26 s for 10,000 records and the ratio read four times too high."""
+    1.04 s instead of 0.05-0.26 s for 10,000 records and the ratio four to ten times too high."""
     started = time.perf_counter()
     producer = Producer({"bootstrap.servers": bootstrap, "logger": QUIET})
     failed: list[Any] = []
