@@ -29,6 +29,7 @@ import logging
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -90,6 +91,17 @@ def raw_read_s(bootstrap: str, topic: str, count: int) -> float:
     return time.perf_counter() - started
 
 
+def delivery_check() -> tuple[list[Any], Callable[[Any, Any], None]]:
+    """A delivery callback for the raw loops, and the errors it collects."""
+    failed: list[Any] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(err)
+
+    return failed, delivered
+
+
 def raw_produce_s(bootstrap: str, topic: str, records: list[Any]) -> float:
     """A plain confluent-kafka loop with the client's own defaults (acks=all), made inside the
     timed window as the replay makes its producer, and each delivery checked. Not redrive's
@@ -98,12 +110,7 @@ def raw_produce_s(bootstrap: str, topic: str, records: list[Any]) -> float:
     1.04 s instead of 0.05-0.26 s for 10,000 records and the ratio four to ten times too high."""
     started = time.perf_counter()
     producer = Producer({"bootstrap.servers": bootstrap, "logger": QUIET})
-    failed: list[Any] = []
-
-    def delivered(err: Any, _msg: Any) -> None:
-        if err is not None:
-            failed.append(err)
-
+    failed, delivered = delivery_check()
     for m in records:
         producer.produce(topic, m.value(), m.key(), partition=m.partition(),
                          headers=m.headers(), on_delivery=delivered)
@@ -126,12 +133,7 @@ def raw_replay_s(bootstrap: str, dlt: str, topic: str, records: list[Any]) -> fl
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-raw-replay",
                          "enable.auto.commit": False, "logger": QUIET})
     producer = Producer({"bootstrap.servers": bootstrap, "logger": QUIET})
-    failed: list[Any] = []
-
-    def delivered(err: Any, _msg: Any) -> None:
-        if err is not None:
-            failed.append(err)
-
+    failed, delivered = delivery_check()
     try:
         consumer.assign([TopicPartition(dlt, p, o) for p, o in starts.items()])
         left = set(wanted)
