@@ -85,7 +85,7 @@ class Webhook:
                 raise WebhookFailed(self.url, f"HTTP {exc.code}",
                                     transient=exc.code >= 500 or exc.code in (408, 429)) from exc
             except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-                why = (f"no whole answer within {self.timeout_s:g}s" if deadline.passed
+                why = (f"no whole answer within {self.timeout_s:g}s" if deadline.over
                        else f"{type(exc).__name__}: {exc}")
                 raise WebhookFailed(self.url, why, transient=True) from exc
         if deadline.passed:
@@ -136,6 +136,12 @@ class _Deadline:
     def left(self) -> float:
         return max(0.001, self._ends - time.monotonic())
 
+    @property
+    def over(self) -> bool:
+        """Whether the time is up: a connect given the time left ends with its own timeout,
+        which can come before the timer thread has marked the deadline passed."""
+        return self.passed or time.monotonic() >= self._ends
+
     def hold(self, sock: socket.socket) -> None:
         """The call's socket: shut down at once if the time is up already."""
         with self._lock:
@@ -180,7 +186,7 @@ class _Connection(http.client.HTTPConnection):
         failure: OSError | None = None
         for family, kind, protocol, _, where in socket.getaddrinfo(host, port, 0,
                                                                    socket.SOCK_STREAM):
-            if self._deadline.passed:
+            if self._deadline.over:
                 break
             sock = socket.socket(family, kind, protocol)
             self._deadline.hold(sock)
