@@ -267,6 +267,20 @@ class Outcome:
             self.stuck = len(self.stuck_numbers)
             self._passed(passed, "past")
 
+    def set_apart_letters(self, read_after_restart: set[int]) -> None:
+        """Count as passed over the lost numbers among these, whose dead letters a
+        read_committed reader got only from the broker started again on its data: committed in
+        the dead-letter topic, and held back by the broker that ran the fault."""
+        found = read_after_restart & self.lost_numbers
+        if found:
+            self.lost_numbers -= found
+            self.lost = len(self.lost_numbers)
+            self.passed_over += len(found)
+            self.notes.append(
+                f"noida-db deviation (docs/benchmarks.md): the dead letters of {len(found)} "
+                f"number(s) are committed in the dead-letter topic, and a read_committed reader "
+                f"got them only after the broker restarted on its data ({sorted(found)[:10]})")
+
     def _passed(self, passed: dict[int, Read], side: str) -> None:
         self.passed_over += len(passed)
         self.notes.append(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,9 +53,11 @@ class Sizes:
         return 90.0 if self.quick else 240.0
 
 
-def finish(run: ConsumerRun, fault: str, mode: str, sizes: Sizes) -> Outcome:
+def finish(run: ConsumerRun, fault: str, mode: str, sizes: Sizes,
+           restart_broker: Callable[[], object] | None = None) -> Outcome:
     """Wait until every number is finished, SIGTERM every part, and count: the sink, the
-    dead-letter topic, the retry topic's copies, and what still waits past the group's commit."""
+    dead-letter topic, the retry topic's copies, and what still waits past the group's commit.
+    restart_broker: for a fault that owns its broker, how to start it again on its data."""
     done = run.wait_finished(run.dead, sizes.finish_s)
     run.stop_all()
     outcome = run.outcome(fault, mode)
@@ -81,6 +84,12 @@ def finish(run: ConsumerRun, fault: str, mode: str, sizes: Sizes) -> Outcome:
                                  visible))
         outcome.set_apart_stuck(hidden(
             passed_over(outcome.stuck_numbers, copies, handled, aborted), visible))
+    if transactional and outcome.lost and restart_broker is not None:
+        # A broker fault's renewed producer can leave dead letters that noida-db, as it runs,
+        # does not give a read_committed reader, and gives once started again on the same data
+        # (docs/benchmarks.md, 2026-11-29); the restarted broker still hides aborted ones.
+        restart_broker()
+        outcome.set_apart_letters(set(run.dead()))
     if outcome.stuck:
         commits = {topic: committed(run.bootstrap, run.group, topic)
                    for topic in (run.topic, run.retry_topic)}
@@ -163,7 +172,7 @@ def broker_kill(scratch: Path, sizes: Sizes, mode: str) -> Outcome:
             broker.kill()
             time.sleep(1.0)
             broker.start(60)
-            return finish(run, fault, mode, sizes)
+            return finish(run, fault, mode, sizes, restart_broker=lambda: broker.restart(60))
         finally:
             run.abandon()
     finally:
@@ -182,7 +191,7 @@ def broker_stop(scratch: Path, sizes: Sizes, mode: str, stopped_s: float = 30.0)
             run.worker("a").start()
             run.wait_progress(0.3)
             broker.pause(stopped_s)
-            return finish(run, fault, mode, sizes)
+            return finish(run, fault, mode, sizes, restart_broker=lambda: broker.restart(60))
         finally:
             run.abandon()
     finally:

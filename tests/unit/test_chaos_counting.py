@@ -104,3 +104,17 @@ def test_copies_the_workload_never_asks_for_are_counted() -> None:
               copy(1, 1, 0, 5),                                       # 1 never fails
               count.Read(RETRY, 0, 6, b"x", [(h.ATTEMPT, b"1")])]      # no number
     assert count.unwanted_copies(copies, lambda n: wanted.get(n, set())) == 3
+
+
+def test_lost_numbers_whose_letters_a_restarted_broker_gives_are_set_apart_and_named() -> None:
+    outcome = count.Outcome("broker SIGKILL + restart", count.TRANSACTIONAL)
+    outcome.tally({1: "ok", 17107: "dead", 17507: "dead"}, count.Counter({1: 1}),
+                  count.Counter())
+    assert outcome.lost_numbers == {17107, 17507}
+    # The recount reads every letter: numbers not lost (1) are not counted again.
+    outcome.set_apart_letters({1, 17107})
+    assert (outcome.lost, outcome.passed_over, outcome.lost_numbers) == (1, 1, {17507})
+    assert outcome.failed
+    assert "got them only after the broker restarted on its data ([17107])" in outcome.notes[-1]
+    outcome.set_apart_letters({17507})
+    assert (outcome.lost, outcome.passed_over, outcome.failed) == (0, 2, False)
