@@ -12,6 +12,7 @@ import base64
 import contextlib
 import http.client
 import json
+import queue
 import socket
 import threading
 import time
@@ -184,8 +185,7 @@ class _Connection(http.client.HTTPConnection):
         """socket.create_connection, each address tried for the time the call has left."""
         host, port = address
         failure: OSError | None = None
-        for family, kind, protocol, _, where in socket.getaddrinfo(host, port, 0,
-                                                                   socket.SOCK_STREAM):
+        for family, kind, protocol, _, where in _resolve(host, port, self._deadline):
             if self._deadline.over:
                 break
             sock = socket.socket(family, kind, protocol)
@@ -202,6 +202,28 @@ class _Connection(http.client.HTTPConnection):
             sock.settimeout(timeout)
             return sock
         raise failure if failure is not None else OSError(f"{host}:{port}: no address answered")
+
+
+def _resolve(host: str, port: int, deadline: _Deadline) -> list[Any]:
+    """The name's addresses within the time the call has left: the resolver's own timeouts (5 s
+    a try, tries for each name server) held the call past its deadline. A lookup that has not
+    answered by then is left to end in its own thread."""
+    answer: queue.SimpleQueue[list[Any] | OSError] = queue.SimpleQueue()
+
+    def look_up() -> None:
+        try:
+            answer.put(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except OSError as exc:
+            answer.put(exc)
+
+    threading.Thread(target=look_up, name="redrive-webhook-lookup", daemon=True).start()
+    try:
+        found = answer.get(timeout=deadline.left())
+    except queue.Empty:
+        raise TimeoutError(f"{host}: no address found in the time left") from None
+    if isinstance(found, OSError):
+        raise found
+    return found
 
 
 class _TLSConnection(_Connection, http.client.HTTPSConnection):

@@ -273,6 +273,39 @@ def test_a_webhook_call_to_a_name_of_unanswering_addresses_ends_at_its_timeout(
     assert failed.value.transient
 
 
+def test_a_webhook_call_whose_name_lookup_hangs_ends_at_its_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lookup ran in the calling thread with the resolver's own timeouts: one that takes 5 s
+    (a name server that does not answer) took this call 5 s of its 1 s."""
+    def slow_lookup(*args: object, **kwargs: object) -> list[object]:
+        time.sleep(5)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_lookup)
+    with RetryStore(tmp_path / "store.db") as store:
+        dead_rows(store, "lookup", 1)
+        [row] = store.find()
+    started = time.monotonic()
+    with pytest.raises(WebhookFailed, match=r"no whole answer within 1s") as failed:
+        Webhook("http://receiver.example:8080/", timeout_s=1)(row)
+    assert 1 <= time.monotonic() - started < 2
+    assert failed.value.transient
+
+
+def test_a_webhook_call_to_a_name_that_does_not_resolve_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_such_name(*args: object, **kwargs: object) -> list[object]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    with RetryStore(tmp_path / "store.db") as store:
+        dead_rows(store, "noname", 1)
+        [row] = store.find()
+    with pytest.raises(WebhookFailed, match=r"Name or service not known") as failed:
+        Webhook("http://receiver.example:8080/", timeout_s=1)(row)
+    assert failed.value.transient
+
+
 @pytest.mark.parametrize("url", ["http://[::1/", "http://a..b/", "http:///path",
                                  "https://host:port/"])
 def test_a_webhook_url_no_call_could_use_is_refused_at_once(url: str) -> None:
