@@ -16,6 +16,8 @@ from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 from redrive import headers, kafka
 from redrive.record import Delivery, Origin
 
+from .records import produce_input
+
 DUE_MS = 1795331951174
 FIRST_FAILURE_MS = 1795331650000
 
@@ -66,7 +68,7 @@ def test_kcat_sees_redrive_headers_exactly_as_written(
         headers.ORIGINAL_OFFSET: 41,
         headers.ERROR_TYPE: "builtins.ValueError",
     })
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, value=b'{"order": 41}', key=b"order-41", headers=written)])
 
     [seen] = kcat_consume(bootstrap, topic)

@@ -29,6 +29,7 @@ from .consumer.conftest import FAST_GROUP, Handled, committed, wait_until
 from .delay.conftest import TEST_TIERS, now_ms
 from .delay.conftest import running as service_running
 from .ops.conftest import run_cli
+from .records import produce_input
 
 pytestmark = pytest.mark.integration
 
@@ -55,8 +56,8 @@ def raw_headers(bootstrap: str, topic: str, expect: int) -> list[list[tuple[str,
 
 def produce(bootstrap: str, topic: str, value: bytes,
             headers: list[tuple[str, bytes | None]]) -> None:
-    kafka.produce_confirmed(kafka.producer(bootstrap),
-                            [kafka.OutRecord(topic, value, None, headers)])
+    produce_input(bootstrap,
+                  [kafka.OutRecord(topic, value, None, headers)])
 
 
 def test_the_consumers_copies_and_its_handler_keep_a_null_value(

@@ -13,6 +13,7 @@ from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
 from redrive.routing import Retry, route
 
+from .records import produce_input
 from .test_kcat import kcat_consume
 
 SEED = RetryPolicy(backoff=Backoff.sequence("5m,5m,30m,30m,30m,1h"))
@@ -143,7 +144,7 @@ def test_a_routed_retry_copy_as_kcat_sees_it(bootstrap: str, new_topic: Any,
     now = 1_800_000_000_000
     decision = route(failed, TimeoutError("enrichment timed out"), SEED, now, group=group)
     assert isinstance(decision, Retry)
-    kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(
+    produce_input(bootstrap, [kafka.OutRecord(
         decision.topic, failed.value, failed.key, decision.headers, decision.partition)])
 
     [seen] = kcat_consume(bootstrap, f"{source}.{group}.retry.5m")

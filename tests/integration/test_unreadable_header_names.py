@@ -21,6 +21,7 @@ from redrive.record import Record
 from .background import Running
 from .consumer.conftest import FAST_GROUP, Handled, committed, read_all, wait_until
 from .delay.conftest import TEST_TIERS, Reader, now_ms, running
+from .records import input_producer, produce_input
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,7 @@ def test_the_consumer_dead_letters_it_as_malformed_and_goes_on(
         bootstrap: str, new_topic: Callable[..., str], unique_name: Callable[..., str],
         running: Callable[[RetryingConsumer], Running]) -> None:
     topic, group = new_topic(), unique_name("names")
-    producer = kafka.producer(bootstrap)
+    producer = input_producer(bootstrap)
     kafka.produce_confirmed(producer, [kafka.OutRecord(topic, b"before")])
     kcat_produce(bootstrap, topic, b"unreadable", [(b"fine", b"1"), (BAD_NAME, b"v")])
     kafka.produce_confirmed(producer, [kafka.OutRecord(topic, b"after", None, [("x", b"1")])])
@@ -76,7 +77,7 @@ def test_the_delay_service_dead_letters_it_as_malformed_and_goes_on(
         kcat_produce(bootstrap, tier, b"unreadable",
                      [(h.TARGET.encode(), target.encode()), (h.DUE.encode(), due),
                       (BAD_NAME, b"v")])
-        kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(
+        produce_input(bootstrap, [kafka.OutRecord(
             tier, b"good", None, [(h.TARGET, target.encode()), (h.DUE, due)])])
         arrivals = reader.read(1, timeout_s=15)
         dead = Reader(bootstrap, tiers.dead_letter).read(1, timeout_s=15)

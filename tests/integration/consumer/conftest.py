@@ -15,6 +15,7 @@ from redrive import kafka
 from redrive.record import Record
 
 from ..background import Running
+from ..records import produce_input
 
 __all__ = ["Running"]
 
@@ -24,9 +25,8 @@ FAST_GROUP: Mapping[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval
 
 def produce(bootstrap: str, topic: str, values: Iterable[bytes], *, partition: int | None = None,
             headers: Sequence[tuple[str, bytes]] = (), key: bytes | None = None) -> None:
-    producer = kafka.producer(bootstrap)
-    kafka.produce_confirmed(producer, [kafka.OutRecord(topic, value, key, headers, partition)
-                                       for value in values])
+    produce_input(bootstrap, [kafka.OutRecord(topic, value, key, headers, partition)
+                              for value in values])
 
 
 @dataclass(frozen=True)

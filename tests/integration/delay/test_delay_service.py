@@ -26,6 +26,7 @@ from redrive.errors import InvalidArgument, UnknownTopic
 from redrive.ops.deadletters import DeadLetterRecord
 from redrive.record import NO_HISTORY, new_record
 
+from ..records import produce_input
 from ..topic_configs import set_record_limit
 from .conftest import SERVICE_LATENCY_MS, Arrival, Reader, now_ms, running, warm_producer
 
@@ -134,7 +135,7 @@ def test_malformed_records_go_to_the_dead_letter_topic_and_never_block(
                    for i, headers in enumerate(bad)]
         records.insert(2, kafka.OutRecord(tier, b"good0", None, good, timestamp_ms=now))
         records.append(kafka.OutRecord(tier, b"good1", None, good, timestamp_ms=now))
-        kafka.produce_confirmed(kafka.producer(bootstrap), records)
+        produce_input(bootstrap, records)
         arrivals = reader.read(2, timeout_s=15)
         dead = Reader(bootstrap, tiers.dead_letter).read(len(bad), timeout_s=15)
     reader.close()

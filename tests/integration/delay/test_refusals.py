@@ -14,6 +14,7 @@ from redrive import kafka
 from redrive.delay import DelayService, Tiers
 
 from ..consumer.conftest import committed, wait_until
+from ..records import produce_input
 from .conftest import Reader, now_ms, running
 
 NewTopic = Callable[..., str]
@@ -37,7 +38,7 @@ def test_a_refused_copy_holds_its_own_tier_partition_and_no_other(
                                now)]
     records += [kafka.OutRecord(tier, b"ok%d" % i, None, [(h.TARGET, other.encode()), *due], 1,
                                 now) for i in range(50)]
-    kafka.produce_confirmed(kafka.producer(bootstrap), records)
+    produce_input(bootstrap, records)
     caplog.set_level(logging.WARNING, logger="redrive.delay.service")
     group = unique_name("g")
     service = DelayService(bootstrap, tiers, transactional=transactional, partitions=2,

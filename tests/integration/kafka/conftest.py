@@ -11,6 +11,8 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 
 from redrive import kafka
 
+from ..records import produce_input
+
 # Generous: the machine has two cores and other suites run beside this one.
 DEADLINE_S = 30.0
 
@@ -21,7 +23,7 @@ def produce_values(bootstrap: str, topic: str, values: Sequence[str], *, partiti
     records = [kafka.OutRecord(topic, value.encode(), f"k-{value}".encode(),
                                [*headers, ("value", value.encode())], partition=partition)
                for value in values]
-    return kafka.produce_confirmed(kafka.producer(bootstrap), records)
+    return produce_input(bootstrap, records)
 
 
 def produce_transactions(bootstrap: str, topic: str, transactional_id: str,

@@ -12,6 +12,8 @@ from redrive import kafka
 from redrive.cli import _Group
 from redrive.cli.ops import dlt, stats_command
 
+from ..records import produce_input
+
 ROOT = _Group("redrive", commands={"dlt": dlt, "stats": stats_command})
 
 
@@ -29,7 +31,7 @@ def produce_records(bootstrap: str, topic: str,
                     records: Sequence[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],
                     partition: int | None = None) -> None:
     """(key, value, headers) triples, acknowledged before returning."""
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, value, key, headers, partition) for key, value, headers in records])
 
 

@@ -28,6 +28,7 @@ from redrive.store.rows import Entry
 from redrive.store.schema import CANCELLED, DEAD, IN_FLIGHT, PARKED, PENDING, retries
 
 from ..consumer.conftest import FAST_GROUP, Running, read_all, wait_until
+from ..records import produce_input
 from .conftest import produce_records, run_cli, topic_sizes
 
 NewTopic = Callable[..., str]
@@ -218,7 +219,7 @@ def test_pages_keep_each_partitions_log_order_when_timestamps_go_backwards(
                for p in (0, 1) for i in range(600)]
     # The first of partition 0, from a producer whose clock ran an hour fast.
     records[0] = kafka.OutRecord(dlt, b"fast", None, (), 0, at + 3_600_000)
-    kafka.produce_confirmed(kafka.producer(bootstrap), records)
+    produce_input(bootstrap, records)
     web = client(bootstrap)
 
     def offsets(everything: bool) -> list[tuple[int, int]]:
@@ -279,7 +280,7 @@ def written(bootstrap: str, records: list[tuple[str, int, int, list[tuple[str, b
             at_ms: int) -> None:
     """(topic, partition, minutes before at_ms, headers) records, stamped that long ago; each
     partition's in time order, as the broker looks times up by offset."""
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, b"v", None, headers, partition, at_ms - minutes * MINUTE_MS)
         for topic, partition, minutes, headers in records])
 
@@ -357,7 +358,7 @@ def test_until_ends_the_time_window_of_the_view_the_api_and_a_replay(
         bootstrap: str, new_topic: NewTopic) -> None:
     origin, dlt = new_topic(), new_topic()
     at = now_ms()
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(dlt, value, value, story(origin, offset), 0, at - minutes * MINUTE_MS)
         for offset, (value, minutes) in enumerate(((b"old", 180), (b"middle", 90),
                                                    (b"new", 10)))])
@@ -399,7 +400,7 @@ def test_until_ends_the_time_window_of_the_view_the_api_and_a_replay(
 
 def test_a_record_replayed_again_shows_every_replay(bootstrap: str, new_topic: NewTopic) -> None:
     origin, dlt = new_topic(), new_topic()
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(dlt, b"v", b"k", story(origin, 7), 0)])
     web = client(bootstrap)
     one = {"dlt": dlt, "records": ["0:0"], "to": "original", "dry_run": False}
@@ -457,7 +458,7 @@ def test_a_message_regex_filters_the_view_the_api_and_a_replay(
                 "order 17 has no lines", "timeout reading the order", "timeout after 9s",
                 None]
     at = now_ms()
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(dlt, b"v", b"k%d" % offset, failed(origin, offset, message), 0,
                         at - (10 - offset) * MINUTE_MS)
         for offset, message in enumerate(messages)])
@@ -496,7 +497,7 @@ def test_a_message_regex_filters_the_view_the_api_and_a_replay(
 
 def test_an_invalid_message_regex_names_the_field(bootstrap: str, new_topic: NewTopic) -> None:
     origin, dlt = new_topic(), new_topic()
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(dlt, b"v", b"k", failed(origin, 0, "boom"), 0)])
     web = client(bootstrap)
     bad = {"message": "("}

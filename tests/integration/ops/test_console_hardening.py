@@ -26,6 +26,7 @@ from redrive.ops.replay import LOG_CONFIG, REPLAY_LOG
 from redrive.ops.web import LOCAL_HOSTS, create_app
 from redrive.store import RetryStore
 
+from ..records import produce_input
 from ..test_kcat import kcat_path
 from .conftest import produce_records, topic_sizes
 
@@ -130,7 +131,7 @@ def test_a_replay_log_entry_of_the_wrong_shape_is_left_out(bootstrap: str,
                  "source": {"topic": dlt, "partition": 0, "offset": at, **source}}
         return kafka.OutRecord(REPLAY_LOG, json.dumps(value).encode(), f"{dlt}/0/{at}".encode())
 
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         entry(0), entry(1, topic=["ab", "cd", "x"]), entry(2, partition="0"),
         entry(3, offset={"x": 1})])
     web = client(bootstrap)

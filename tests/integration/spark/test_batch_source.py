@@ -13,12 +13,14 @@ from redrive.spark.options import SourceOptions
 from redrive.spark.readers import KafkaRange
 from redrive.spark.source import KafkaBatchReader
 
+from ..records import produce_input
+
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
 def produce(bootstrap: str, topic: str, count: int) -> None:
-    kafka.produce_confirmed(kafka.producer(bootstrap),
-                            [kafka.OutRecord(topic, b"v%d" % i) for i in range(count)])
+    produce_input(bootstrap,
+                  [kafka.OutRecord(topic, b"v%d" % i) for i in range(count)])
 
 
 def spans(ranges: list[KafkaRange]) -> dict[str, tuple[int, int]]:

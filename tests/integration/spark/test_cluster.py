@@ -15,6 +15,7 @@ import pytest
 from redrive import headers as h
 from redrive import kafka
 
+from ..records import produce_input
 from .conftest import query_checkpoint
 from .test_pipeline import read_all
 from .test_spark_source import produce
@@ -52,7 +53,7 @@ def test_a_pipeline_retries_and_dead_letters_on_the_cluster(
     group = unique_name(f"cluster-{form}")
     kinds = ["ok"] * 40 + ["bad"] * 3 + ["flaky"] * 5
     sent = {f"k{i}": kind for i, kind in enumerate(kinds)}
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, f"{kind}:{key}".encode(), key.encode())
         for key, kind in sent.items()])
     result = cluster_spark.run("pipeline", timeout_s=300, bootstrap=bootstrap, topic=topic,
@@ -79,7 +80,7 @@ def test_a_task_spark_runs_again_copies_only_what_its_earlier_attempt_did_not(
     group = unique_name("cluster-task-retry")
     dead_letters = f"{topic}.{group}.dlt"
     kafka.create_topics(kafka.admin(bootstrap), {dead_letters: 1})
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         *(kafka.OutRecord(topic, f"bad:{i}".encode(), f"k{i}".encode()) for i in range(3)),
         kafka.OutRecord(topic, b"bad:" + b"x" * 5000, b"too-large")])
     result = cluster_spark.run("route_with_task_retries", bootstrap=bootstrap, topic=topic,

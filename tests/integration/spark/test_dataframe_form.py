@@ -36,6 +36,7 @@ from redrive.spark.sql import functions
 from redrive.spark.tally import BatchTally
 from redrive.spark.tasks import record_of
 
+from ..records import produce_input
 from ..topic_configs import set_record_limit
 from .conftest import query_checkpoint
 from .test_pipeline import read_all
@@ -71,7 +72,7 @@ def transform(frame: Any) -> Any:
 
 def produce(bootstrap: str, topic: str, kinds: list[str]) -> dict[str, str]:
     sent = {f"k{i}": kind for i, kind in enumerate(kinds)}
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, f"{kind}:{key}".encode(), key.encode())
         for key, kind in sent.items()])
     return sent
@@ -84,7 +85,7 @@ def test_transform_routes_errors_from_a_column(spark: Any, bootstrap: str, new_t
     kinds = ["ok"] * 20 + ["bad"] * 3 + ["flaky"] * 5 + ["notype"] * 2
     sent = produce(bootstrap, topic, kinds)
     # a record whose redrive header is unreadable never reaches the transform
-    kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(
+    produce_input(bootstrap, [kafka.OutRecord(
         topic, b"ok:broken", b"broken", [(h.ATTEMPT, b"two")], 0)])
     sink = str(tmp_path / "out")
     pipeline = RetryPipeline(spark, bootstrap, topic, group, POLICY, transform=transform,
@@ -275,7 +276,7 @@ def amounts(frame: Any) -> Any:
 
 
 def produce_values(bootstrap: str, topic: str, values: list[str]) -> None:
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, value.encode(), value.encode()) for value in values])
 
 
@@ -409,7 +410,7 @@ def test_route_failures_from_a_narrow_output_dead_letters_unreadable_headers_onc
     topic, group = new_topic(), unique_name("narrow")
     Subscription(bootstrap, topic, group, POLICY).ensure_topics()
     unreadable = [(h.ATTEMPT, b"abc")]
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, b"ok:k0", b"k0"),
         kafka.OutRecord(topic, b"ok:k1", b"k1", unreadable),
         kafka.OutRecord(topic, b"bad:k2", b"k2", unreadable),
@@ -433,7 +434,7 @@ def test_route_failures_cuts_the_error_text_of_a_copy_over_the_producers_limit(
     group = unique_name("large")
     limit = 50_000  # redrive's producer's message.max.bytes in this test
     big = b"bad:" + b"v" * (limit - 1000)
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, b"bad:small", b"k0"), kafka.OutRecord(topic, big, b"k1"),
         kafka.OutRecord(topic, b"ok:2", b"k2")])
     long_message = "cannot parse: " + "x" * 900
@@ -704,7 +705,7 @@ def test_a_replayed_batch_copies_only_what_its_first_run_did_not(
     row = frame.where(f"offset = {first['offset']}").first().asDict()
     decision = route(record_of(row), ErrorInfo("ParseError", "cannot parse"), POLICY, 0,
                      group=group)
-    kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(
+    produce_input(bootstrap, [kafka.OutRecord(
         dlt, row["value"], row["key"], decision.headers, 0)])
 
     body(frame, 0)

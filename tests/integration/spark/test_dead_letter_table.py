@@ -22,6 +22,7 @@ from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, route
 from redrive.spark import dead_letters
 
+from ..records import produce_input
 from .test_pipeline import read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -111,7 +112,7 @@ def letters(bootstrap: str, new_topic: Any, unique_name: Any) -> Letters:
                out(dlt, 1, "bad2", bad[2].headers),
                *(out(dlt, 1, system, foreign[system]) for system in foreign),
                out(dlt, 1, "plain", [])]
-    kafka.produce_confirmed(kafka.producer(bootstrap), records)
+    produce_input(bootstrap, records)
     return Letters(topic, group, dlt)
 
 

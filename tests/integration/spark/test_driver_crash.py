@@ -34,6 +34,7 @@ from redrive import kafka
 from redrive.spark import ledger
 from redrive.spark.outcomes import DEAD_LETTER, OK, RETRY, BatchReport
 
+from ..records import produce_input
 from .test_pipeline import read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -116,7 +117,7 @@ def test_a_killed_driver_loses_nothing_and_writes_nothing_twice(
     topic = new_topic(3)
     group = unique_name(f"crash-{form}")
     sent = {f"k{i}": kind_of(i) for i in range(RECORDS)}
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, f"{kind}:{key}".encode(), key.encode())
         for key, kind in sent.items()])
     expected = Counter(sent.values())

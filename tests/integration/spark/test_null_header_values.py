@@ -13,13 +13,15 @@ from redrive import kafka
 from redrive.spark.options import SourceOptions
 from redrive.spark.readers import KafkaRange, read_range
 
+from ..records import produce_input
+
 pytestmark = pytest.mark.integration
 
 HEADERS: list[tuple[str, bytes | None]] = [("trace-flag", None), ("empty", b""), ("plain", b"1")]
 
 
 def produce(bootstrap: str, topic: str) -> None:
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, value, None, HEADERS, 0) for value in (b"ok", b"bad")])
 
 

@@ -18,6 +18,8 @@ from redrive.policy import Backoff, RetryPolicy
 from redrive.spark import RetryPipeline
 from redrive.spark.sql import functions
 
+from ..records import produce_input
+
 # Spark workers cannot import test modules: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -68,7 +70,7 @@ FORMS: dict[str, dict[str, Any]] = {
 
 def produce(bootstrap: str, topic: str, kinds: list[str], start: int = 0) -> dict[str, str]:
     sent = {f"k{start + i}": kind for i, kind in enumerate(kinds)}
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, f"{kind}:{key}".encode(), key.encode(), [("trace", b"\x01\xfe")])
         for key, kind in sent.items()])
     return sent
@@ -304,7 +306,7 @@ def test_waiting_retries_are_reported_as_gauges(spark: Any, bootstrap: str, new_
                                                 unique_name: Any, tmp_path: Path) -> None:
     topic = new_topic(partitions=2)
     group = unique_name("gauges")
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, f"forever:k{i}".encode(), f"k{i}".encode(), partition=i % 2)
         for i in range(4)])
     hourly = RetryPolicy(backoff=Backoff.fixed("1h"), attempts=2)

@@ -26,6 +26,7 @@ from redrive.spark.tasks import record_of
 
 from ..background import Background, Runnable
 from ..consumer.conftest import FAST_GROUP, Running, wait_until
+from ..records import produce_input
 from .conftest import query_checkpoint
 from .test_dataframe_form import POLICY, transform
 from .test_dataframe_form import produce as df_produce
@@ -132,7 +133,7 @@ def test_a_batch_run_again_copies_through_the_tiers_once_and_tells_its_copies_fr
                 decision = route(record, ErrorInfo("TimeoutError", "slow upstream"), POLICY,
                                  now_ms(), group="other-group")
                 copies.append(other.failed(record, decision, partitions))
-            kafka.produce_confirmed(kafka.producer(bootstrap), [c for c in copies if c])
+            produce_input(bootstrap, [c for c in copies if c])
             raise RuntimeError("the driver died before copying")
 
     monkeypatch.setattr("redrive.spark.ledger.append", dying)

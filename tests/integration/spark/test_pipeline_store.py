@@ -15,6 +15,7 @@ from redrive.errors import InvalidArgument
 from redrive.spark import RetryPipeline
 from redrive.store import RetryStore, Scheduler, StoreBackend
 
+from ..records import produce_input
 from .test_pipeline import FORMS, OUTPUT, POLICY, collecting_sink, handle, produce, read_all
 
 
@@ -55,7 +56,7 @@ def test_failures_wait_in_the_store_and_come_back_through_the_scheduler(
         # store, whose row says it succeeded: skipped, not handled twice.
         again = next(m for m in read_all(bootstrap, topic) if h.last(
             kafka.message_headers(m), h.ATTEMPT) == b"1")
-        kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(
+        produce_input(bootstrap, [kafka.OutRecord(
             topic, again.value(), again.key(), kafka.message_headers(again), again.partition())])
         restarted = pipeline()
         stats = restarted.run(until=lambda s: s.skipped >= 1, timeout_s=60)

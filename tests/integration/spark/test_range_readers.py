@@ -24,6 +24,7 @@ from redrive.spark.options import (
 )
 from redrive.spark.readers import KafkaRange, read_range
 
+from ..records import input_producer, produce_input
 from .conftest import produce_transactions
 
 pytestmark = pytest.mark.integration
@@ -90,7 +91,7 @@ def test_both_readers_give_the_same_batches(bootstrap: str, new_topic: Any,
         records.append(kafka.OutRecord(topic, None if i % 7 == 0 else b"v%d" % i,
                                        None if i % 5 == 0 else b"k%d" % i, header_list,
                                        partition=i % 2, timestamp_ms=base_ms + i))
-    kafka.produce_confirmed(kafka.producer(bootstrap), records)
+    produce_input(bootstrap, records)
     for include_headers in ("true", "false"):
         for partition in (0, 1):
             part = KafkaRange(topic, partition, 17, 2_900)
@@ -121,7 +122,7 @@ def test_the_c_readers_end_a_batch_at_its_byte_bound(bootstrap: str, new_topic: 
     from redrive.spark import readers
 
     topic = new_topic(1)
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, bytes([i]) * 100_000) for i in range(30)])
     monkeypatch.setattr(readers, "ARROW_BATCH_BYTES", 1_000_000)
     batches = list(read_range(options(bootstrap, topic, reader), KafkaRange(topic, 0, 0, 30)))
@@ -150,7 +151,7 @@ def test_aborted_transactions_are_left_out_alike(bootstrap: str, new_topic: Any,
     # read_committed the aborted ones are dropped by the answer's list of aborted transactions
     # and the markers, under read_uncommitted every data record is read.
     topic = new_topic(1)
-    plain = kafka.producer(bootstrap)
+    plain = input_producer(bootstrap)
     kafka.produce_confirmed(plain, [kafka.OutRecord(topic, b"p0")])
     produce_transactions(bootstrap, topic, unique_name("tx-a"),
                          [(["a0", "a1"], False), (["a2"], True)])
@@ -177,8 +178,8 @@ def test_the_fetch_reader_hands_a_compressed_batch_to_the_client_library(
     # Uncompressed records, then compressed ones: the fetch reader reads the first part and
     # hands the range on at the first compressed batch, and no record is lost or read twice.
     topic = new_topic(1)
-    kafka.produce_confirmed(kafka.producer(bootstrap),
-                            [kafka.OutRecord(topic, b"plain%d" % i) for i in range(50)])
+    produce_input(bootstrap,
+                  [kafka.OutRecord(topic, b"plain%d" % i) for i in range(50)])
     kafka.produce_confirmed(kafka.producer(bootstrap, overrides={"compression.type": codec}),
                             [kafka.OutRecord(topic, b"packed%d" % i) for i in range(50)])
     with caplog.at_level(logging.INFO, logger="redrive.spark.readers"):
@@ -195,8 +196,8 @@ def test_the_fetch_reader_finds_the_leader_and_skips_a_dead_bootstrap_server(
     # The first bootstrap server refuses; the second is named "localhost", while the broker
     # gives its leader's address as 127.0.0.1: the reader connects on to that address.
     topic = new_topic(1)
-    kafka.produce_confirmed(kafka.producer(bootstrap),
-                            [kafka.OutRecord(topic, b"v%d" % i) for i in range(20)])
+    produce_input(bootstrap,
+                  [kafka.OutRecord(topic, b"v%d" % i) for i in range(20)])
     port = bootstrap.rsplit(":", 1)[1]
     with caplog.at_level(logging.INFO, logger="redrive.spark.readers"):
         table = read(f"{closed_address()},localhost:{port}", KafkaRange(topic, 0, 0, 20),
@@ -209,7 +210,7 @@ def test_the_fetch_reader_finds_the_leader_and_skips_a_dead_bootstrap_server(
 def test_a_range_past_the_end_fails_naming_the_offset(bootstrap: str, new_topic: Any,
                                                       reader: str) -> None:
     topic = new_topic(1)
-    kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(topic, b"only")])
+    produce_input(bootstrap, [kafka.OutRecord(topic, b"only")])
     with pytest.raises(RangeReadFailed, match=r"stuck at offset 1 for 1\.0s"):
         list(read_range(options(bootstrap, topic, reader,
                                 **{"kafkaConsumer.pollTimeoutMs": "1000"}),
@@ -235,8 +236,8 @@ def test_records_deleted_under_a_read_fail_it_rather_than_being_skipped(
     # The driver planned [0, 10); the records below 4 were deleted before the executor read.
     # A consumer left to auto.offset.reset would jump to 4 and return six rows as if whole.
     topic = new_topic(1)
-    kafka.produce_confirmed(kafka.producer(bootstrap),
-                            [kafka.OutRecord(topic, b"v%d" % i) for i in range(10)])
+    produce_input(bootstrap,
+                  [kafka.OutRecord(topic, b"v%d" % i) for i in range(10)])
     admin = kafka.admin(bootstrap)  # kept: the futures need their client alive
     for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
         future.result(30)

@@ -18,12 +18,14 @@ from redrive.spark.planning import DataLoss
 from redrive.spark.readers import KafkaRange
 from redrive.spark.source import KafkaStreamReader
 
+from ..records import produce_input
+
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
 def produce(bootstrap: str, topic: str, count: int) -> None:
-    kafka.produce_confirmed(kafka.producer(bootstrap),
-                            [kafka.OutRecord(topic, b"v%d" % i) for i in range(count)])
+    produce_input(bootstrap,
+                  [kafka.OutRecord(topic, b"v%d" % i) for i in range(count)])
 
 
 def reader(bootstrap: str, topic: str, **extra: str) -> KafkaStreamReader:

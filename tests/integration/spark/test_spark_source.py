@@ -33,6 +33,7 @@ from redrive.spark.options import SourceOptions
 from redrive.spark.planning import offsets_to_json, rate_limit
 from redrive.spark.source import KafkaStreamReader
 
+from ..records import input_producer, produce_input
 from .conftest import produce_transactions
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -58,7 +59,7 @@ def produce(bootstrap: str, topic: str, count: int, *, partition: int | None = N
     records = [kafka.OutRecord(topic, f"v{start + i}".encode(), f"k{start + i}".encode(),
                                headers=header_list or [], partition=partition)
                for i in range(count)]
-    kafka.produce_confirmed(kafka.producer(bootstrap), records)
+    produce_input(bootstrap, records)
 
 
 @dataclass
@@ -248,7 +249,7 @@ def test_batch_read_between_offsets(spark: Any, bootstrap: str, new_topic: Any) 
 
 
 def produce_at(bootstrap: str, topic: str, partition: int, times: list[int]) -> None:
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, f"v{i}".encode(), None, partition=partition, timestamp_ms=at)
         for i, at in enumerate(times)])
 
@@ -482,7 +483,7 @@ def test_no_record_arrives_before_its_due_time(spark: Any, bootstrap: str, new_t
     main = new_topic(1)
     now = int(time.time() * 1000)
     due: dict[tuple[int, int], int | None] = {}
-    producer = kafka.producer(bootstrap)
+    producer = input_producer(bootstrap)
     for partition in range(2):
         records = []
         for offset in range(25):
@@ -556,7 +557,7 @@ def test_gate_scan_reads_each_record_once(bootstrap: str, new_topic: Any,
     held = [(headers.DUE, str(due_ms).encode())]
     records = [kafka.OutRecord(topic, b"due") for _ in range(5)]
     records += [kafka.OutRecord(topic, b"later", headers=held) for _ in range(3)]
-    kafka.produce_confirmed(kafka.producer(bootstrap), records)
+    produce_input(bootstrap, records)
     reader = _reader(bootstrap, topic)
     try:
         start = reader.initialOffset()
@@ -580,7 +581,7 @@ def test_an_available_now_run_started_past_its_target_reads_nothing_and_loses_no
     # Spark prepares an availableNow run before it resolves `latest` for a new checkpoint:
     # records written in between put the start past the target, which read as data loss.
     topic = new_topic(1)
-    producer = kafka.producer(bootstrap)
+    producer = input_producer(bootstrap)
     kafka.produce_confirmed(producer, [kafka.OutRecord(topic, b"before")] * 5)
     reader = _reader(bootstrap, topic, startingOffsets="latest")
     try:
@@ -597,8 +598,8 @@ def test_ungated_topics_are_never_scanned(bootstrap: str, new_topic: Any,
                                           counted_scans: list[int]) -> None:
     topic = new_topic(1)
     future = [(headers.DUE, str(int(time.time() * 1000) + 3_600_000).encode())]
-    kafka.produce_confirmed(kafka.producer(bootstrap),
-                            [kafka.OutRecord(topic, b"x", headers=future)] * 4)
+    produce_input(bootstrap,
+                  [kafka.OutRecord(topic, b"x", headers=future)] * 4)
     for extra in ({"redrive.gate": "false"}, {"redrive.gatedTopics": "other,retry-.*"}):
         reader = _reader(bootstrap, topic, **extra)
         try:
@@ -638,7 +639,7 @@ def test_rate_limit_never_exceeds_the_limit() -> None:
 def test_planning_waits_out_a_broker_outage_then_fails_naming_the_broker(
         bootstrap: str, new_topic: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     topic = new_topic(1)
-    kafka.produce_confirmed(kafka.producer(bootstrap), [kafka.OutRecord(topic, b"x")] * 3)
+    produce_input(bootstrap, [kafka.OutRecord(topic, b"x")] * 3)
     pauses: list[float] = []
     planner, really_sleep = threading.get_ident(), time.sleep
 

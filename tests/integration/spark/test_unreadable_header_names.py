@@ -22,6 +22,7 @@ from redrive.spark.options import SourceOptions
 from redrive.spark.readers import KafkaRange, read_range
 from redrive.spark.sql import functions
 
+from ..records import produce_input
 from . import pipeline_jobs  # its policy
 from .test_pipeline import read_all
 
@@ -132,7 +133,7 @@ def test_a_pipeline_dead_letters_it_as_malformed_and_writes_the_others(
     topic = new_topic(1)
     group = unique_name(f"names-{form}")
     produce_bad(bootstrap, topic)
-    kafka.produce_confirmed(kafka.producer(bootstrap), [
+    produce_input(bootstrap, [
         kafka.OutRecord(topic, b"d", None, NULL_HEADERS, 0)])
     shape: dict[str, Any] = (
         {"transform": fails_d_as_a_column} if form == "transform" else
