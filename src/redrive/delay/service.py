@@ -49,7 +49,7 @@ from redrive.arguments import (
 )
 from redrive.clock import now_ms
 from redrive.delay.batch import Batch
-from redrive.delay.own_topics import DEFAULT_PARTITIONS, check_topics, ensure_topics, former_tiers
+from redrive.delay.own_topics import DEFAULT_PARTITIONS, FormerTiers, check_topics, ensure_topics
 from redrive.delay.schedule import check_target
 from redrive.delay.settling import Landed, settle
 from redrive.delay.tiers import DEFAULT_TIERS, Tier, Tiers, hop_due
@@ -166,8 +166,7 @@ class DelayService:
         self._timeout_s = float(timeout_s)
         self._stopping = threading.Event()
         self._tiers: dict[Key, Tier] = {}  # the assigned partitions and their tiers
-        # Tiers of an earlier set with this prefix that still hold records (see former_tiers).
-        self._former: dict[str, Tier] = {}
+        self._former = FormerTiers(self._watched, tiers, group_id)
         self._holds = Holds()
         self._refusals = Refusals()
         self._landed = Landed()  # at-least-once, past a refused record
@@ -200,6 +199,8 @@ class DelayService:
                     # forwarded at-least-once, medians of three, alternating).
                     with gc_paused():
                         self._step()
+                    if self._former.look_again():
+                        self._subscribe()
             finally:
                 self._close()
 
@@ -211,7 +212,7 @@ class DelayService:
         if not self.create_topics:
             check_topics(self.tiers, existing)
         retention.check(admin, self.tiers.waits)
-        self._former = former_tiers(self._watched, self.tiers, self.group_id, existing)
+        self._former.look(existing)
         if self._metrics_port is not None:
             self.metrics.serve(self._metrics_port)
         consumer_settings = {**CONSUMER_SETTINGS, "on_commit": self._committed}
@@ -229,8 +230,12 @@ class DelayService:
             self._transactions.start()
         else:
             self._producer = self._new_producer()
-        self._consumer.subscribe([*self.tiers.topics, *self._former], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        self._require_consumer().subscribe(
+            [*self.tiers.topics, *self._former.found], on_assign=self._on_assign,
+            on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
     def _new_producer(self) -> Producer:
         return kafka.producer(self._watched,
@@ -253,7 +258,7 @@ class DelayService:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
         for tp in partitions:
-            self._tiers[(tp.topic, tp.partition)] = (self._former.get(tp.topic)
+            self._tiers[(tp.topic, tp.partition)] = (self._former.found.get(tp.topic)
                                                      or self.tiers.by_topic(tp.topic))
         retention.report_gone(consumer, [(tp.topic, tp.partition) for tp in partitions],
                               self.metrics, f"delay service {self.group_id}")

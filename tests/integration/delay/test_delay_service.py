@@ -20,7 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from redrive import headers as h
 from redrive import kafka
-from redrive.delay import DelayService, Tiers, schedule
+from redrive.delay import DelayService, Tiers, own_topics, schedule
 from redrive.delay.own_topics import ensure_topics, former_tiers
 from redrive.errors import InvalidArgument, UnknownTopic
 from redrive.ops.deadletters import DeadLetterRecord
@@ -605,3 +605,36 @@ def test_records_waiting_in_a_tier_the_service_no_longer_has_are_forwarded_when_
     # Once forwarded, the next start leaves the dropped tier alone.
     assert former_tiers(bootstrap, after, group,
                         kafka.topic_partitions(kafka.admin(bootstrap))) == {}
+
+
+def test_records_scheduled_into_a_dropped_tier_after_the_service_started_are_forwarded(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A rolling deploy: the service restarts with new tiers (10s replaced by 5s) while an
+    application not yet redeployed still schedules into the 10s tier. That tier was empty at the
+    service's start, so the service did not read it, and the records waited for its next start;
+    it now looks for such tiers again as it runs (every FORMER_RECHECK_S, 60 s; 0.5 s here)."""
+    monkeypatch.setattr(own_topics, "FORMER_RECHECK_S", 0.5)
+    prefix = f"{unique_name('redeploy')}.delay"
+    before, after = (Tiers.of(durations, prefix=prefix) for durations in (("1s", "10s"),
+                                                                          ("1s", "5s")))
+    dropped = before.topics[1]
+    target = new_topic()
+    ensure_topics(bootstrap, before, partitions=1)
+    producer = warm_producer(bootstrap, new_topic())
+    service = DelayService(bootstrap, after, transactional=False, partitions=1,
+                           group_id=unique_name("g"))
+    reader = Reader(bootstrap, target)
+    late = {f"late{i}".encode() for i in range(4)}
+    with caplog.at_level(logging.WARNING, logger="redrive.delay"), running(service):
+        assert not any(topic == dropped for topic, _ in service.assignment)
+        for value in sorted(late):
+            schedule(producer, target, value, tiers=before, delay=10.5)  # a hop on the 10s tier
+        assert producer.flush(10) == 0
+        arrivals = reader.read(len(late), timeout_s=40, idle_s=1.0)
+        assert (dropped, 0) in service.assignment
+    reader.close()
+    check_once(arrivals, late)
+    assert [a.value for a in arrivals if a.seen_ms < a.due_ms] == []
+    assert any(message.startswith(f"{dropped} is not among the tiers") and "up to 4 records"
+               in message for message in caplog.messages), caplog.messages
