@@ -24,8 +24,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -52,6 +54,14 @@ log = logging.getLogger("redrive.consumer")
 MAX_UNCONFIRMED_BATCHES = 8
 # How long one wait for the member's callbacks lasts while closing.
 AWAIT_COMMITS_POLL_S = 0.1
+
+
+def default_transactional_id(group: str, config: Mapping[str, Any] | None) -> str:
+    """redrive-GROUP-INSTANCE with a group.instance.id (a restarted instance fences its
+    predecessor), else with a random suffix."""
+    instance = (config or {}).get("group.instance.id")
+    suffix = str(instance) if instance else uuid.uuid4().hex[:12]
+    return f"redrive-{group}-{suffix}"
 
 
 class Committer:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -76,8 +76,10 @@ class Readers:
 
     def __init__(self, member: Consumer, reader: Consumer | None,
                  retry_topics: Collection[str], *, incremental: bool,
-                 metrics: Metrics | None = None, group: str = "") -> None:
+                 metrics: Metrics | None = None, group: str = "",
+                 open_reader: Callable[[], Consumer] | None = None) -> None:
         self.member = member
+        self._open_reader = open_reader
         # Where lost copies are reported when the group takes retry partitions (none: unchecked).
         self._metrics = metrics
         self._group = group
@@ -115,8 +117,6 @@ class Readers:
         member = kafka.consumer(connection, group, config)
         incremental = (config.get("group.protocol") == "consumer"
                        or "cooperative" in str(config.get("partition.assignment.strategy")))
-        if not retry_topics:
-            return cls(member, None, (), incremental=incremental)
         # Assign-only: it never joins the group, so a static member id is not its to use.
         reader_config = {k: v for k, v in config.items() if k != "group.instance.id"}
         reader_config["enable.partition.eof"] = True  # tells the reader when it may rest
@@ -124,8 +124,23 @@ class Readers:
         # never committed on holds only its own unfinished copies: at latest, a member stopped
         # before its first commit there would leave them behind for good.
         reader_config["auto.offset.reset"] = "earliest"
-        return cls(member, kafka.consumer(connection, group, reader_config), retry_topics,
-                   incremental=incremental, metrics=metrics, group=group)
+
+        def open_reader() -> Consumer:
+            return kafka.consumer(connection, group, reader_config)
+
+        return cls(member, open_reader() if retry_topics else None, retry_topics,
+                   incremental=incremental, metrics=metrics, group=group,
+                   open_reader=open_reader)
+
+    def read_retry_topics(self, topics: Collection[str]) -> None:
+        """Retry topics found as the runtime goes (an earlier policy's): their partitions go to
+        the reader (opened now if the group had none) once the member is given them, which it
+        is only after it subscribes to them."""
+        if self.reader is None:
+            if self._open_reader is None:
+                raise ValueError("these readers cannot open a reader of retry partitions")
+            self.reader = self._open_reader()
+        self._retry_topics = self._retry_topics | frozenset(topics)
 
     @property
     def reading_retries(self) -> bool:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -53,13 +52,15 @@ from redrive.backends import BoundBackend, RetryBackend, RetryTopics, Verdict
 from redrive.clock import now_ms
 from redrive.consumer.batch import Batch, Copy
 from redrive.consumer.brakes import Brake
-from redrive.consumer.committer import Committer
+from redrive.consumer.committer import Committer, default_transactional_id
 from redrive.consumer.in_place import InPlaceRetries
 from redrive.consumer.pace import MainBatchSize
 from redrive.consumer.plain import handle_plain, not_awaited
+from redrive.consumer.prefetch import records_to_admit
 from redrive.consumer.readers import CONSUMER_OVERRIDES, Readers
 from redrive.consumer.routes import Routes
 from redrive.errors import InvalidArgument, MalformedHeader, RedriveError, UnknownTopic
+from redrive.former_looks import FormerLooks
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
 from redrive.kafka.holds import Hold, Holds, Why
 from redrive.kafka.records import PartitionKey, headers_or_malformed
@@ -145,7 +146,8 @@ class RetryingConsumer:
         self._connection = self.health.watch(kafka.client_config(connection))
         self._config = {**CONSUMER_OVERRIDES, **arguments.check_settings("config", config)}
         self._producer_config = arguments.check_settings("producer_config", producer_config)
-        self._transactional_id = transactional_id or self._default_transactional_id()
+        self._transactional_id = (transactional_id
+                                  or default_transactional_id(self.group, self._config))
         self._metrics_port = metrics_port
         self._create_topics = create_topics
         self._pace = MainBatchSize(batch_size)
@@ -162,6 +164,7 @@ class RetryingConsumer:
         self._brake = (None if limit is None else
                        Brake.of(limit, self.group, self.metrics, self._connection))
         self._in_place = InPlaceRetries()
+        self._former_looks = FormerLooks(self._connection, f"group {self.group}")
         self._routes = Routes(self._backend, policy, self.group)
         # Successes clear in-place state only when some topic's policy retries in place.
         self._in_place_policies = any(self._backend.policy_for(topic, policy).in_place
@@ -208,8 +211,7 @@ class RetryingConsumer:
                 raise UnknownTopic(missing[0])
             self._backend.check(self._partitions)
             retention.check(admin, self._backend.waits(self.plans))
-            self._main_of.update(former_retry_topics(
-                self._connection, self.group, self.topics, self._main_of, self._partitions))
+            self._read_former(self._partitions)
         except BaseException:
             producer = None  # nothing was produced: dropping it releases it
             raise
@@ -228,8 +230,7 @@ class RetryingConsumer:
                                     producer=producer, make_producer=self._new_producer,
                                     transactions=transactions, holds=self._holds,
                                     stopping=self._stopping)
-        self._consumer.member.subscribe(self.subscribed, on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._subscribe()
         # A series from the start, at 0: not only once a partition was first held.
         self.metrics.paused_partitions(0)
         if self._metrics_port is not None:
@@ -261,6 +262,7 @@ class RetryingConsumer:
                         committer.settle()
                     self.health.tick(consumer.member)
                     self._update_gauges()
+                    self._former_looks.again(self._read_former)
         finally:
             self.close()
 
@@ -300,7 +302,8 @@ class RetryingConsumer:
     def _handle_batch(self, messages: Sequence[Message]) -> None:
         """Handle a poll batch in order, count it in the metrics, then hand it to the committer."""
         if self._prefetching:
-            self._backend.prefetch(self._to_admit(messages))
+            self._backend.prefetch(records_to_admit(messages, self.group,
+                                                    self._backend.sequential))
         batch = Batch()
         self._routes.new_batch()
         try:
@@ -407,33 +410,6 @@ class RetryingConsumer:
         if last >= 0:
             finished[tp] = last
 
-    def _to_admit(self, messages: Sequence[Message]) -> list[Record]:
-        """The records of a batch the backend's `admit` may be asked about and wants ahead: those
-        with redrive headers (all, for a sequential backend), built as `_handle` builds them."""
-        every = self._backend.sequential
-        records: list[Record] = []
-        for message in messages:
-            if message.error() is not None:
-                continue
-            raw_headers = headers_or_malformed(message)
-            if (raw_headers is None and not every) or isinstance(raw_headers, MalformedHeader):
-                continue  # one whose header names cannot be read is dead-lettered, not admitted
-            headers = h.normalize(raw_headers)
-            delivery = NO_HISTORY
-            if headers and h.has_redrive(headers):
-                try:
-                    delivery = h.read_delivery(headers)
-                except MalformedHeader:
-                    continue  # routed as malformed, never admitted
-                if delivery.group is not None and delivery.group != self.group:
-                    continue  # skipped as another group's, never admitted
-            elif not every:
-                continue
-            records.append(new_record(message.topic(), message.partition(),
-                                      message.offset(), message.timestamp()[1], message.key(),
-                                      message.value(), headers, delivery))
-        return records
-
     def _handle(self, message: Message, tp: PartitionKey, offset: int, batch: Batch,
                 raw_headers: Any, main: str) -> None:
         # Header names that are not UTF-8 make the record malformed: its headers cannot be read.
@@ -536,7 +512,21 @@ class RetryingConsumer:
     def _update_gauges(self) -> None:
         self.metrics.oldest_pending_retry_since(self._holds.oldest_since_ms())
 
-    # --- rebalances ----------------------------------------------------------------------------
+    # --- subscription and rebalances ------------------------------------------------------------
+
+    def _read_former(self, partitions: Mapping[str, int]) -> None:
+        """Read an earlier policy's retry topics too while they hold records (see topics.py)."""
+        found = former_retry_topics(self._connection, self.group, self.topics, self._main_of,
+                                    partitions)
+        self._main_of.update(found)
+        if found and self._consumer is not None:  # else start() subscribes to them
+            self._consumer.read_retry_topics(found)
+            self._subscribe()
+
+    def _subscribe(self) -> None:
+        self._require_consumer().member.subscribe(
+            self.subscribed, on_assign=self._on_assign, on_revoke=self._on_revoke,
+            on_lost=self._on_lost)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned.update((str(p.topic), int(p.partition)) for p in partitions)
@@ -581,11 +571,6 @@ class RetryingConsumer:
 
     def _new_producer(self) -> Producer:
         return kafka.producer(self._connection, overrides=self._producer_config)
-
-    def _default_transactional_id(self) -> str:
-        instance = self._config.get("group.instance.id")
-        suffix = str(instance) if instance else uuid.uuid4().hex[:12]
-        return f"redrive-{self.group}-{suffix}"
 
     def _require_consumer(self) -> Readers:
         if self._consumer is None:

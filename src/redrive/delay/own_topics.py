@@ -7,22 +7,16 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 
-from confluent_kafka import KafkaException
-
 from redrive import kafka
 from redrive.clock import now_ms
 from redrive.delay.tiers import Tier, Tiers
-from redrive.errors import BrokerUnavailable, DelayServiceError, UnknownTopic
+from redrive.errors import DelayServiceError, UnknownTopic
 from redrive.kafka.admin import waiting_past
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PARTITIONS = 6
 TOPIC_READY_TIMEOUT_S = 30.0
-FORMER_RECHECK_S = 60.0
-# Short: the service forwards nothing while it waits, and a broker that does not answer is
-# asked again at the next look.
-RECHECK_TIMEOUT_S = 2.0
 
 
 def check_topics(tiers: Tiers, existing: Mapping[str, int]) -> None:
@@ -55,16 +49,13 @@ def former_tiers(connection: kafka.Connection, tiers: Tiers, group_id: str,
 
 class FormerTiers:
     """The former tiers a service reads (see former_tiers): those found at its start, and those
-    found since, looked for every FORMER_RECHECK_S. In a rolling deploy the service may restart
-    with new tiers while instances of an application not yet redeployed still schedule records
-    into a tier it dropped; found only at start, those records waited for the next restart."""
+    found since (redrive.former_looks)."""
 
     def __init__(self, connection: kafka.Connection, tiers: Tiers, group_id: str) -> None:
         self.found: dict[str, Tier] = {}
         self._connection = connection
         self._tiers = tiers
         self._group_id = group_id
-        self._next_s = time.monotonic() + FORMER_RECHECK_S
 
     def look(self, partitions: Mapping[str, int]) -> bool:
         """Add the former tiers that hold records; whether any was not read before."""
@@ -72,20 +63,6 @@ class FormerTiers:
                            known=self.found)
         self.found.update(new)
         return bool(new)
-
-    def look_again(self) -> bool:
-        """look() once FORMER_RECHECK_S has passed since the last time; a broker that does not
-        answer now is asked again next time."""
-        if time.monotonic() < self._next_s:
-            return False
-        self._next_s = time.monotonic() + FORMER_RECHECK_S
-        try:
-            return self.look(kafka.topic_partitions(kafka.admin(self._connection),
-                                                    timeout_s=RECHECK_TIMEOUT_S))
-        except (BrokerUnavailable, KafkaException) as exc:
-            log.info("looking for former tiers with records: %s; again in %.0f s", exc,
-                     FORMER_RECHECK_S)
-            return False
 
 
 def ensure_topics(connection: kafka.Connection, tiers: Tiers,

@@ -61,6 +61,7 @@ from redrive.errors import (
     RecordTooLarge,
     RedriveError,
 )
+from redrive.former_looks import FormerLooks
 from redrive.gc_pause import gc_paused
 from redrive.kafka.closing import close_within
 from redrive.kafka.health import UNREACHED_CODES, BrokerHealth
@@ -167,6 +168,7 @@ class DelayService:
         self._stopping = threading.Event()
         self._tiers: dict[Key, Tier] = {}  # the assigned partitions and their tiers
         self._former = FormerTiers(self._watched, tiers, group_id)
+        self._former_looks = FormerLooks(self._watched, f"delay service {group_id}")
         self._holds = Holds()
         self._refusals = Refusals()
         self._landed = Landed()  # at-least-once, past a refused record
@@ -199,8 +201,7 @@ class DelayService:
                     # forwarded at-least-once, medians of three, alternating).
                     with gc_paused():
                         self._step()
-                    if self._former.look_again():
-                        self._subscribe()
+                    self._former_looks.again(self._read_former)
             finally:
                 self._close()
 
@@ -231,6 +232,10 @@ class DelayService:
         else:
             self._producer = self._new_producer()
         self._subscribe()
+
+    def _read_former(self, partitions: Mapping[str, int]) -> None:
+        if self._former.look(partitions):
+            self._subscribe()
 
     def _subscribe(self) -> None:
         self._require_consumer().subscribe(

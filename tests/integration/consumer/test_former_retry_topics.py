@@ -9,12 +9,16 @@ from collections.abc import Callable
 
 import pytest
 
+from redrive import former_looks, kafka
 from redrive import headers as h
+from redrive.clock import now_ms
 from redrive.consumer import RetryingConsumer
 from redrive.policy import Backoff, RetryPolicy
 from redrive.record import Record
-from redrive.topics import plan
+from redrive.routing import Retry, route
+from redrive.topics import ensure_topics, plan
 
+from ..records import produce_input
 from .conftest import (
     FAST_GROUP,
     Handled,
@@ -101,3 +105,50 @@ def test_retries_waiting_in_an_earlier_policys_topics_are_handled_by_the_new_one
         assert old_retry not in third.subscribed
     finally:
         third.close()
+
+
+def test_copies_written_to_an_earlier_policys_topic_after_the_start_are_handled(
+        bootstrap: str, new_topic: NewTopic, unique_name: UniqueName, running: Start,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A rolling deploy: an instance with the new policy starts while the group's earlier retry
+    topic is empty, and an instance not yet redeployed then copies failures there. Looked for
+    only at start, those copies waited for the next restart; the consumer now looks again as it
+    runs (every LOOK_EVERY_S, 60 s; 0.5 s here)."""
+    monkeypatch.setattr(former_looks, "LOOK_EVERY_S", 0.5)
+    topic, group = new_topic(partitions=2), unique_name("redeploy")
+    before = RetryPolicy(backoff=Backoff.fixed("2s"), attempts=4)
+    after = RetryPolicy(backoff=Backoff.fixed("300ms"), attempts=4)
+    old_plan = plan(before, topic, group)
+    old_retry = old_plan.retry_topic_names[0]
+    ensure_topics(kafka.admin(bootstrap), old_plan)  # there, and empty at the start
+    produce(bootstrap, topic, [b"first"], key=b"first")
+    seen = Handled()
+    with caplog.at_level(logging.WARNING, logger="redrive.topics"):
+        new = running(RetryingConsumer(bootstrap, topic, group, after, seen.add,
+                                       config=FAST_GROUP))
+        assert old_retry not in new.consumer.subscribed
+        wait_until(lambda: seen.count(b"first") == 1, 30, "the first record handled")
+        # Copies as the instance with the earlier policy writes them.
+        keys = [f"k{i}".encode() for i in range(5)]
+        copies = []
+        for i, key in enumerate(keys):
+            failed = Record(topic, i % 2, 100 + i, now_ms(), key, key, [])
+            decision = route(failed, Transient("fails its first delivery"), before, now_ms(),
+                             group=group)
+            assert isinstance(decision, Retry) and decision.topic == old_retry
+            copies.append(kafka.OutRecord(decision.topic, failed.value, failed.key,
+                                          decision.headers, decision.partition))
+        produce_input(bootstrap, copies)
+        wait_until(lambda: all(seen.count(key) == 1 for key in keys), 30,
+                   "the 5 later copies handled")
+    assert old_retry in new.consumer.subscribed
+    assert any(old_retry in message and "up to 5 records" in message
+               for message in caplog.messages), caplog.messages
+    for record, at_ms in seen.calls:
+        if record.key in keys:
+            assert (record.topic, record.delivery.attempt) == (old_retry, 1)
+            assert record.delivery.due_ms is not None and at_ms >= record.delivery.due_ms
+    wait_until(lambda: sum(committed(bootstrap, group, old_retry).values()) == 5, 30,
+               "the 5 copies committed")
+    new.stop()
+    assert seen.count(b"first") == 1 and len(seen.calls) == 6

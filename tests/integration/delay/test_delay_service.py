@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
+from redrive import former_looks, kafka
 from redrive import headers as h
-from redrive import kafka
-from redrive.delay import DelayService, Tiers, own_topics, schedule
+from redrive.delay import DelayService, Tiers, schedule
 from redrive.delay.own_topics import ensure_topics, former_tiers
 from redrive.errors import InvalidArgument, UnknownTopic
 from redrive.ops.deadletters import DeadLetterRecord
@@ -613,8 +613,8 @@ def test_records_scheduled_into_a_dropped_tier_after_the_service_started_are_for
     """A rolling deploy: the service restarts with new tiers (10s replaced by 5s) while an
     application not yet redeployed still schedules into the 10s tier. That tier was empty at the
     service's start, so the service did not read it, and the records waited for its next start;
-    it now looks for such tiers again as it runs (every FORMER_RECHECK_S, 60 s; 0.5 s here)."""
-    monkeypatch.setattr(own_topics, "FORMER_RECHECK_S", 0.5)
+    it now looks for such tiers again as it runs (every LOOK_EVERY_S, 60 s; 0.5 s here)."""
+    monkeypatch.setattr(former_looks, "LOOK_EVERY_S", 0.5)
     prefix = f"{unique_name('redeploy')}.delay"
     before, after = (Tiers.of(durations, prefix=prefix) for durations in (("1s", "10s"),
                                                                           ("1s", "5s")))

@@ -200,6 +200,30 @@ def test_without_retry_topics_there_is_no_reader() -> None:
     assert readers.consume_retries(10) == []
 
 
+def test_retry_topics_found_later_open_the_reader_and_go_to_it_once_assigned() -> None:
+    """An earlier policy's retry topic found as the consumer runs (redrive.former_looks), in a
+    group that had none: the reader is opened then, and the member's next assignment of that
+    topic's partitions goes to it, paused on the member."""
+    member, opened = Client(), Client()
+    made: list[Client] = []
+
+    def open_reader() -> Client:
+        made.append(opened)
+        return opened
+
+    readers = Readers(member, None, (), incremental=False,  # type: ignore[arg-type]
+                      open_reader=open_reader)  # type: ignore[arg-type]
+    readers.read_retry_topics([RETRY])
+    assert made == [opened] and readers.reader is opened
+    readers.assigned([TopicPartition(MAIN, 0), TopicPartition(RETRY, 0)])
+    assert member.made == [("assign", [(MAIN, 0, -1001), (RETRY, 0, -1001)]),
+                           ("pause", [(RETRY, 0, -1001)])]
+    assert opened.made == [("incremental_assign", [(RETRY, 0, OFFSET_INVALID)])]
+    assert readers.reading_retries
+    readers.read_retry_topics(["orders.g.retry.1m"])  # a reader is opened once
+    assert made == [opened]
+
+
 def test_a_partition_woken_at_its_offset_rests_there_again_until_it_reads_a_record() -> None:
     # librdkafka's position() is OFFSET_INVALID after an assign at an offset or a seek, until a
     # record is consumed: resting then at "OFFSET_INVALID" went back to the committed offset and

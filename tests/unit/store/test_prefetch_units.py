@@ -14,6 +14,7 @@ from redrive import headers as h
 from redrive import kafka
 from redrive.backends import BoundBackend, RetryBackend, Verdict
 from redrive.consumer import RetryingConsumer
+from redrive.consumer import runtime as consumer_runtime
 from redrive.consumer.committer import Committer
 from redrive.policy import RetryPolicy
 from redrive.record import Record
@@ -102,7 +103,7 @@ def test_the_records_to_admit_are_prefetched_first_and_once(sequential: bool,
 def test_a_backend_without_a_prefetch_pays_for_no_pre_pass(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, list[int]]] = []
-    monkeypatch.setattr(RetryingConsumer, "_to_admit", lambda self, messages: pytest.fail(
+    monkeypatch.setattr(consumer_runtime, "records_to_admit", lambda *args: pytest.fail(
         "the batch was gone over for a backend that does not prefetch"))
     handle(WithoutPrefetch(calls, sequential=True))
     assert calls == [("admit", [o]) for o in (0, 1, 2, 5)]
