@@ -33,6 +33,9 @@ class FormerLooks:
         self._connection = connection
         self._who = who
         self._next_s = time.monotonic() + LOOK_EVERY_S
+        # Made at the first look and kept: a new client each minute would connect anew each
+        # time (over TLS, a handshake each time).
+        self._admin: kafka.Admin | None = None
 
     def again(self, look: Callable[[dict[str, int]], object]) -> None:
         """`look` once LOOK_EVERY_S has passed since the last time. A broker that does not answer
@@ -41,7 +44,9 @@ class FormerLooks:
             return
         self._next_s = time.monotonic() + LOOK_EVERY_S
         try:
-            look(kafka.topic_partitions(kafka.admin(self._connection), timeout_s=LOOK_TIMEOUT_S))
+            if self._admin is None:
+                self._admin = kafka.admin(self._connection)
+            look(kafka.topic_partitions(self._admin, timeout_s=LOOK_TIMEOUT_S))
         except (BrokerUnavailable, KafkaException) as exc:
             log.info("%s: looking for former topics with records: %s; again in %.0f s",
                      self._who, exc, LOOK_EVERY_S)

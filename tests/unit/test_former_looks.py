@@ -12,17 +12,22 @@ from redrive import former_looks
 from redrive.former_looks import FormerLooks
 
 
-def test_a_look_runs_once_each_period(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_look_runs_once_each_period_through_one_client(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(former_looks, "LOOK_EVERY_S", 0.0)
     looks = FormerLooks("127.0.0.1:1", "group g")
     seen: list[dict[str, int]] = []
+    clients: list[object] = []
+    monkeypatch.setattr(former_looks.kafka, "admin",
+                        lambda connection: clients.append(connection) or len(clients))
     monkeypatch.setattr(former_looks.kafka, "topic_partitions",
-                        lambda admin, timeout_s: {"t": 2})
+                        lambda admin, timeout_s: {"t": admin})
     looks.again(seen.append)
     monkeypatch.setattr(former_looks, "LOOK_EVERY_S", 3600.0)
     looks.again(seen.append)  # due since the first, which ran with a period of 0
     looks.again(seen.append)
-    assert seen == [{"t": 2}, {"t": 2}]
+    assert seen == [{"t": 1}, {"t": 1}]
+    assert clients == ["127.0.0.1:1"]
 
 
 def test_a_look_the_broker_does_not_answer_waits_for_the_next_one(
