@@ -50,3 +50,8 @@ class FormerLooks:
         except (BrokerUnavailable, KafkaException) as exc:
             log.info("%s: looking for former topics with records: %s; again in %.0f s",
                      self._who, exc, LOOK_EVERY_S)
+
+    def close(self) -> None:
+        """Let the client go with the runtime: kept, it would go on connecting to brokers the
+        runtime no longer uses."""
+        self._admin = None

@@ -3,8 +3,10 @@ costs one short wait per LOOK_EVERY_S, never one per poll."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+import weakref
 
 import pytest
 
@@ -47,3 +49,26 @@ def test_a_look_the_broker_does_not_answer_waits_for_the_next_one(
     [message] = [r.getMessage() for r in caplog.records]
     assert message.startswith("group g: looking for former topics with records: ")
     assert "127.0.0.1:1" in message and message.endswith("again in 3600 s")
+
+
+def test_a_closed_look_lets_its_client_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Client:
+        pass
+
+    made: list[weakref.ref[Client]] = []
+
+    def admin(connection: object) -> Client:
+        client = Client()
+        made.append(weakref.ref(client))
+        return client
+
+    monkeypatch.setattr(former_looks, "LOOK_EVERY_S", 0.0)
+    monkeypatch.setattr(former_looks.kafka, "admin", admin)
+    monkeypatch.setattr(former_looks.kafka, "topic_partitions", lambda admin, timeout_s: {})
+    looks = FormerLooks("127.0.0.1:1", "group g")
+    looks.again(lambda partitions: None)
+    gc.collect()
+    assert made[0]() is not None  # kept between looks
+    looks.close()
+    gc.collect()
+    assert made[0]() is None

@@ -288,6 +288,7 @@ class RetryingConsumer:
             self._committer.close(deadline)
         if self._brake is not None:
             self._brake.close()
+        self._former_looks.close()
 
     def __enter__(self) -> RetryingConsumer:
         self.start()

@@ -259,6 +259,7 @@ class DelayService:
             self._transactions.close()
             self._transactions = None
         self._tiers.clear()
+        self._former_looks.close()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
