@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Producer, TopicPartition
 
 from redrive import former_looks, kafka
 from redrive import headers as h
@@ -569,19 +569,24 @@ def test_records_deleted_from_the_tiers_while_no_service_ran_are_reported_as_los
     assert service.metrics.total("redrive_lost_offsets_total") == 5
 
 
+def retiered(bootstrap: str, new_topic: NewTopic,
+             name: str) -> tuple[Tiers, Tiers, str, str, Producer]:
+    """Tiers 1s and 10s, then 1s and 5s, the first set's topics made: both sets, the tier the
+    second drops, a target topic and a producer past its start-up."""
+    before, after = (Tiers.of(durations, prefix=f"{name}.delay")
+                     for durations in (("1s", "10s"), ("1s", "5s")))
+    ensure_topics(bootstrap, before, partitions=1)
+    return before, after, before.topics[1], new_topic(), warm_producer(bootstrap, new_topic())
+
+
 def test_records_waiting_in_a_tier_the_service_no_longer_has_are_forwarded_when_due(
         bootstrap: str, new_topic: NewTopic, unique_name: UniqueName,
         caplog: pytest.LogCaptureFixture) -> None:
     """A service restarted with other tiers (10s replaced by 5s) reads the tier it dropped
     while that one holds records: they go on through the current tiers, none early, none lost.
     Before, nobody read them again."""
-    prefix = f"{unique_name('retier')}.delay"
-    before, after = (Tiers.of(durations, prefix=prefix) for durations in (("1s", "10s"),
-                                                                          ("1s", "5s")))
-    dropped = before.topics[1]
-    target = new_topic()
-    ensure_topics(bootstrap, before, partitions=1)
-    producer = warm_producer(bootstrap, new_topic())
+    before, after, dropped, target, producer = retiered(bootstrap, new_topic,
+                                                        unique_name("retier"))
     later = {f"later{i}".encode() for i in range(5)}
     soon = {f"soon{i}".encode() for i in range(2)}
     for value in sorted(later):
@@ -615,13 +620,8 @@ def test_records_scheduled_into_a_dropped_tier_after_the_service_started_are_for
     service's start, so the service did not read it, and the records waited for its next start;
     it now looks for such tiers again as it runs (every LOOK_EVERY_S, 60 s; 0.5 s here)."""
     monkeypatch.setattr(former_looks, "LOOK_EVERY_S", 0.5)
-    prefix = f"{unique_name('redeploy')}.delay"
-    before, after = (Tiers.of(durations, prefix=prefix) for durations in (("1s", "10s"),
-                                                                          ("1s", "5s")))
-    dropped = before.topics[1]
-    target = new_topic()
-    ensure_topics(bootstrap, before, partitions=1)
-    producer = warm_producer(bootstrap, new_topic())
+    before, after, dropped, target, producer = retiered(bootstrap, new_topic,
+                                                        unique_name("redeploy"))
     service = DelayService(bootstrap, after, transactional=False, partitions=1,
                            group_id=unique_name("g"))
     reader = Reader(bootstrap, target)
