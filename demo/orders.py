@@ -48,8 +48,8 @@ from redrive.policy import Backoff, InPlace, RetryPolicy, error_type
 from redrive.spark import register, write_to_kafka
 from redrive.spark.outcomes import PipelineStats
 from redrive.spark.pipeline import RetryPipeline
+from redrive.spark.producers import drop_cached_producers
 from redrive.spark.sql import functions
-from redrive.spark.writer import drop_cached_producers
 
 PARTITIONS = 4
 ORDER_SCHEMA = "order_id long, customer string, amount string"

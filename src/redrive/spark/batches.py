@@ -46,9 +46,9 @@ from redrive.spark.outcomes import (
     Routed,
     StepClock,
 )
+from redrive.spark.producers import cached_producer, drop_cached_producers
 from redrive.spark.sql import error_set, functions, hold, lost_held_rows, quoted, release
 from redrive.spark.tally import BatchTally
-from redrive.spark.writer import cached_producer, drop_cached_producers
 
 log = logging.getLogger("redrive.spark")
 

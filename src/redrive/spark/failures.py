@@ -25,8 +25,8 @@ from redrive.spark.checkpoint import query_id
 from redrive.spark.columns import REDRIVE_COLUMN
 from redrive.spark.ledger import CopyKey
 from redrive.spark.outcomes import DEAD_LETTER, RETRY, Routed
+from redrive.spark.producers import cached_producer
 from redrive.spark.sql import error_set, functions, quoted
-from redrive.spark.writer import cached_producer
 
 IDENTITY = ("topic", "partition", "offset")
 # A DataFrame-form batch with at most this many failed rows has them routed in the foreachBatch

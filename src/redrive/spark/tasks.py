@@ -31,7 +31,7 @@ from redrive.routing import DeadLetter, Route, route
 from redrive.spark.columns import unreadable_name
 from redrive.spark.ledger import CopyKey, copies_since, copy_key
 from redrive.spark.outcomes import DEAD_LETTER, FAILED, OK, RETRY, SKIPPED
-from redrive.spark.writer import produce_cached
+from redrive.spark.producers import produce_cached
 from redrive.topics import partition_for
 
 RecordFunction = Callable[[dict[str, Any]], Mapping[str, Any]]

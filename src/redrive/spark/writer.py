@@ -12,13 +12,11 @@ is at least once.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 from pyspark.sql.types import (
     ArrayType,
@@ -33,12 +31,7 @@ from pyspark.sql.types import (
 
 from redrive import kafka
 from redrive.errors import RedriveError
-from redrive.kafka.produce import Shrink, discard_producer, producer_failed
-
-# Producers cannot be pickled, and a cache in a function shipped from __main__ is rebuilt for
-# every batch. This module is imported once per Python worker, which Spark reuses across tasks
-# and batches, so each worker keeps one producer per configuration.
-_PRODUCERS: dict[str, Producer] = {}
+from redrive.spark.producers import produce_cached
 
 
 class WriterInputError(RedriveError, ValueError):
@@ -48,45 +41,6 @@ class WriterInputError(RedriveError, ValueError):
         self.column = column
         self.value = value
         super().__init__(f"cannot write to Kafka: column {column}={value!r}: {why}")
-
-
-def cached_producer(connection: kafka.Connection,
-                    overrides: Mapping[str, Any] | None = None) -> Producer:
-    """This worker's producer for (connection, overrides), made once and kept: a producer
-    cannot be pickled, and a new one per task would connect again each time."""
-    key = json.dumps([connection, dict(overrides or {})], sort_keys=True, default=str)
-    producer = _PRODUCERS.get(key)
-    if producer is None:
-        producer = kafka.producer(connection, overrides=overrides)
-        _PRODUCERS[key] = producer
-    return producer
-
-
-def produce_cached(connection: kafka.Connection, records: Iterable[kafka.OutRecord],
-                   timeout_s: float, overrides: Mapping[str, Any] | None = None, *,
-                   shrink: Shrink | None = None) -> int:
-    """`kafka.produce_acked` through this worker's cached producer: how many were acked. One
-    that failed for good is forgotten before the error is raised, so that the task's next
-    attempt (Spark retries a failed task) or the batch run again makes a new one: kept, it
-    would fail them all."""
-    producer = cached_producer(connection, overrides)
-    try:
-        return kafka.produce_acked(producer, records, timeout_s, shrink=shrink)
-    except Exception as exc:
-        if producer_failed(exc):
-            for key in [k for k, cached in _PRODUCERS.items() if cached is producer]:
-                del _PRODUCERS[key]
-            discard_producer(producer)
-        raise
-
-
-def drop_cached_producers() -> None:
-    """Forget this worker's producers (without delivering what they hold): one failed for good,
-    and the next cached_producer() call makes a new one."""
-    producers = list(_PRODUCERS.values())
-    _PRODUCERS.clear()
-    for producer in producers:
-        discard_producer(producer)
 
 
 def _as_bytes(value: bytes | bytearray | str | None) -> bytes | None:
@@ -133,7 +87,7 @@ def _records(batches: Iterator[pa.RecordBatch],
 @dataclass(frozen=True)
 class _PartitionWriter:
     """The function mapInArrow runs per task. A class at module level is pickled by reference,
-    so executors use this module's producer cache rather than a copy of it."""
+    so executors use their process's producer cache (redrive.spark.producers), not a copy."""
 
     connection: kafka.Connection
     overrides: Mapping[str, Any]

@@ -31,7 +31,7 @@ from redrive.dev.brokers import DevBroker
 from redrive.policy import Backoff, RetryPolicy
 from redrive.spark import RetryPipeline, ledger
 from redrive.spark.outcomes import DEAD_LETTER, OK, BatchReport, Outcomes, Routed
-from redrive.spark.writer import drop_cached_producers
+from redrive.spark.producers import drop_cached_producers
 
 from ..background import Background
 from .test_pipeline import FORMS, read_all
