@@ -82,6 +82,8 @@ def test_streaming_read_into_a_memory_sink(connect_spark: Any, bootstrap: str, n
     assert sorted(values) == sorted(f"v{i}" for i in range(300))
 
 
+# The client warns as it gives up retrying, before the error the test expects.
+@pytest.mark.filterwarnings("ignore:.*RETRIES_EXCEEDED:UserWarning")
 def test_an_unreachable_server_is_named_in_the_error() -> None:
     from pyspark.errors.exceptions.connect import SparkConnectGrpcException
     from pyspark.sql.connect.client.retries import DefaultPolicy
