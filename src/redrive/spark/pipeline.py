@@ -39,7 +39,7 @@ from redrive.spark.batches import BatchBody, Sink, Transform
 from redrive.spark.failures import check_transform_output
 from redrive.spark.outcomes import OK, RETRY, SKIPPED, BatchReport, PipelineStats
 from redrive.spark.sql import is_remote
-from redrive.spark.stream import Starting, Subscription, starting_option
+from redrive.spark.stream import Starting, Subscription, starting_option, warn_if_speculative
 
 log = logging.getLogger("redrive.spark")
 
@@ -233,6 +233,7 @@ class RetryPipeline:
 
     def start(self) -> Any:
         self.ensure_topics()
+        warn_if_speculative(self.spark, self.group)
         frame = self.stream()
         if self.transform is not None:
             self._check_transform(frame)

@@ -166,6 +166,20 @@ class Subscription:
         return owner.isNull() | (owner == F.lit(self.group))
 
 
+def warn_if_speculative(spark: Any, group: str) -> bool:
+    """Log a warning if the session runs speculative tasks, and say whether it does. A
+    speculative attempt of a routing task runs beside the first: both find the same copies
+    missing and write them, so the failed records of that task come back twice (nothing is lost;
+    the batch ledger covers attempts that follow one another, not attempts side by side)."""
+    speculative = str(spark.conf.get("spark.speculation", "false")).strip().lower() == "true"
+    if speculative:
+        log.warning("pipeline %s: spark.speculation is on: a speculative attempt of a task that "
+                    "copies failed records writes its copies again beside the first attempt, "
+                    "so those records are retried twice; turn it off for this query's session",
+                    group)
+    return speculative
+
+
 def retry_stream(spark: Any, connection: kafka.Connection, topics_: str | Sequence[str],
                  group: str, policy: RetryPolicy, *, retry_backend: RetryBackend | None = None,
                  starting_offsets: Starting = "earliest",
@@ -183,5 +197,6 @@ def retry_stream(spark: Any, connection: kafka.Connection, topics_: str | Sequen
     subscription = Subscription(connection, topics_, group, policy, retry_backend,
                                 fail_on_data_loss=fail_on_data_loss)
     subscription.ensure_topics()
+    warn_if_speculative(spark, group)
     frame = subscription.stream(spark, starting_offsets, max_offsets_per_trigger)
     return frame.where(subscription.mine(frame))
