@@ -99,3 +99,26 @@ def test_an_unreachable_server_is_named_in_the_error() -> None:
             session.range(3).collect()
     finally:
         session.stop()
+
+
+@pytest.mark.parametrize("session", ["spark", "connect_spark"])
+def test_the_source_is_read_from_sql(request: Any, session: str, bootstrap: str,
+                                     new_topic: Any, unique_name: Any) -> None:
+    from redrive.spark import register
+
+    spark = request.getfixturevalue(session)
+    register(spark)
+    topic = new_topic(2)
+    produce(bootstrap, topic, 30, partition=0)
+    produce(bootstrap, topic, 20, partition=1, start=100)
+    view = unique_name("raw").replace("-", "_")
+    spark.sql(f"CREATE TEMPORARY VIEW {view} USING `redrive-kafka` OPTIONS "
+              f"(`kafka.bootstrap.servers` '{bootstrap}', subscribe '{topic}')")
+    rows = spark.sql(f"SELECT partition, count(*), min(offset), max(CAST(value AS STRING)) "
+                     f"FROM {view} GROUP BY partition ORDER BY partition").collect()
+    assert [tuple(row) for row in rows] == [(0, 30, 0, "v9"), (1, 20, 0, "v119")]
+    # a missing option is named, as through the DataFrame reader
+    with pytest.raises(Exception, match="kafka.bootstrap.servers"):
+        spark.sql(f"CREATE TEMPORARY VIEW {view}_bad USING `redrive-kafka` OPTIONS "
+                  f"(subscribe '{topic}')")
+        spark.sql(f"SELECT count(*) FROM {view}_bad").collect()
