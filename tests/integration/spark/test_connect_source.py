@@ -118,7 +118,7 @@ def test_the_source_is_read_from_sql(request: Any, session: str, bootstrap: str,
                      f"FROM {view} GROUP BY partition ORDER BY partition").collect()
     assert [tuple(row) for row in rows] == [(0, 30, 0, "v9"), (1, 20, 0, "v119")]
     # a missing option is named, as through the DataFrame reader
-    with pytest.raises(Exception, match="kafka.bootstrap.servers"):
+    with pytest.raises(Exception, match=re.escape("kafka.bootstrap.servers")):
         spark.sql(f"CREATE TEMPORARY VIEW {view}_bad USING `redrive-kafka` OPTIONS "
                   f"(subscribe '{topic}')")
         spark.sql(f"SELECT count(*) FROM {view}_bad").collect()
