@@ -2,11 +2,12 @@
 
 One query reads the main topic(s) and the group's retry topics through the `redrive-kafka` source
 (which holds back records not yet due). Each micro-batch is handled by `batches.BatchBody`: the
-user's per-record function, pandas batch function or DataFrame transform decides each record's
-outcome, successes go to the sink, failures to their retry or dead-letter topics with delivery
-confirmation, and only then does Spark commit the batch. The body reports each batch through the
-batch ledger, which `run()` reads into the pipeline's stats and metrics: the same path on a classic
-session and on Spark Connect, where the body runs in the server's Python process.
+user's per-record function, pandas batch function or DataFrame transform (a function or a SQL
+query) decides each record's outcome, successes go to the sink, failures to their retry or
+dead-letter topics with delivery confirmation, and only then does Spark commit the batch. The
+body reports each batch through the batch ledger, which `run()` reads into the pipeline's stats
+and metrics: the same path on a classic session and on Spark Connect, where the body runs in the
+server's Python process.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from redrive.spark import ledger, tasks
 from redrive.spark.batches import BatchBody, Sink, Transform
 from redrive.spark.failures import check_transform_output
 from redrive.spark.outcomes import OK, RETRY, SKIPPED, BatchReport, PipelineStats
-from redrive.spark.sql import is_remote
+from redrive.spark.sql import SqlTransform, is_remote
 from redrive.spark.stream import Starting, Subscription, starting_option, warn_if_speculative
 
 log = logging.getLogger("redrive.spark")
@@ -81,7 +82,7 @@ class RetryPipeline:
         output_schema: Any = None,
         function: tasks.RecordFunction | None = None,
         batch_function: tasks.BatchFunction | None = None,
-        transform: Transform | None = None,
+        transform: Transform | str | None = None,
         error_column: str = "error",
         sink_format: str = "parquet",
         trigger_interval: str | None = None,
@@ -96,6 +97,8 @@ class RetryPipeline:
     ) -> None:
         from pyspark.sql.types import StructType
 
+        if isinstance(transform, str):
+            transform = SqlTransform(transform)
         forms = {"function": (function, "a record's mapping"),
                  "batch_function": (batch_function, "a pandas DataFrame"),
                  "transform": (transform, "a DataFrame")}

@@ -1,4 +1,4 @@
-"""Spark SQL's functions for a given DataFrame or session.
+"""Spark SQL's functions for a given DataFrame or session, and a transform written in SQL.
 
 `pyspark.sql.functions` builds classic columns unless the whole process is in Connect mode, and a
 process may hold a classic session and a Connect client at once (a test suite, a notebook moving
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from types import ModuleType
 from typing import Any
+
+from redrive.errors import InvalidArgument
 
 
 def functions(owner: Any) -> ModuleType:
@@ -101,3 +103,25 @@ def release(held: Any) -> None:
 def lost_held_rows(exc: BaseException) -> bool:
     """Whether an action failed because blocks of a held batch (a local checkpoint) are gone."""
     return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in str(exc)
+
+
+# How a transform given as SQL names the admitted batch: `SELECT ... FROM {batch}`.
+BATCH_NAME = "batch"
+
+
+class SqlTransform:
+    """A transform written as one Spark SQL query over the admitted batch, named `{batch}` in it
+    (other braces doubled, as in `str.format`). An object, not a closure, so Spark Connect
+    ships it to the server's Python like a function of the user's module."""
+
+    def __init__(self, query: str) -> None:
+        if "{" + BATCH_NAME + "}" not in query:
+            raise InvalidArgument("transform", query, "a SQL transform reads the admitted batch "
+                                  "as {batch}: SELECT ... FROM {batch}")
+        self.query = query
+
+    def __call__(self, frame: Any) -> Any:
+        return frame.sparkSession.sql(self.query, **{BATCH_NAME: frame})
+
+    def __repr__(self) -> str:
+        return f"SqlTransform({self.query!r})"

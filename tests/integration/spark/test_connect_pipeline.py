@@ -138,3 +138,56 @@ def test_a_store_backend_is_refused_on_connect(connect_spark: Any, bootstrap: st
         RetryPipeline(connect_spark, bootstrap, "orders", "g", POLICY, transform=transform,
                       sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"),
                       retry_backend=StoreBackend(store))
+
+
+ORDERS_SQL = """
+SELECT topic, partition, offset, order.id AS id, order.amount AS amount,
+       CASE WHEN order.id IS NULL THEN named_struct('type', 'ParseError', 'message', 'not JSON')
+            WHEN order.amount <= 0 THEN named_struct('type', 'ValidationError',
+                                                     'message', 'amount ' || order.amount)
+       END AS error
+FROM (SELECT *, from_json(CAST(value AS STRING), 'id long, amount double') AS order FROM {batch})
+"""
+
+
+@pytest.mark.parametrize("session", ["spark", "connect_spark"])
+def test_a_transform_given_as_sql(request: Any, session: str, bootstrap: str, new_topic: Any,
+                                  unique_name: Any, tmp_path: Path) -> None:
+    spark = request.getfixturevalue(session)
+    topic = new_topic(partitions=2)
+    group = unique_name("sql")
+    values = ['{"id": 1, "amount": 5}', "not json", '{"id": 2, "amount": -1}',
+              '{"id": 3, "amount": 7.5}']
+    produce_values(bootstrap, topic, values)
+    policy = RetryPolicy(not_retryable=error_type("ParseError", "ValidationError"))
+    sink = str(tmp_path / "out")
+    stats = RetryPipeline(spark, bootstrap, topic, group, policy, transform=ORDERS_SQL,
+                          sink=sink, checkpoint=str(tmp_path / "cp"),
+                          trigger_interval="300 milliseconds").run(
+        until=lambda s: s.finished >= len(values), timeout_s=150)
+
+    assert sorted((row["id"], row["amount"]) for row in spark.read.parquet(sink).collect()) \
+        == [(1, 5.0), (3, 7.5)]
+    assert stats.dead_lettered_by_reason == {"not-retryable": 2}
+    dead = {m.value(): h.last(kafka.message_headers(m), h.ERROR_TYPE)
+            for m in read_all(bootstrap, f"{topic}.{group}.dlt")}
+    assert dead == {b"not json": b"ParseError", b'{"id": 2, "amount": -1}': b"ValidationError"}
+
+
+def test_a_sql_transform_is_checked_before_anything_runs(connect_spark: Any, bootstrap: str,
+                                                        new_topic: Any, unique_name: Any,
+                                                        tmp_path: Path) -> None:
+    topic = new_topic()
+
+    def pipeline(query: str) -> RetryPipeline:
+        return RetryPipeline(connect_spark, bootstrap, topic, unique_name("sqlcheck"), POLICY,
+                             transform=query, sink=str(tmp_path / "out"),
+                             checkpoint=str(tmp_path / unique_name("cp")))
+
+    with pytest.raises(InvalidArgument, match=r"transform=.*reads the admitted batch as \{batch\}"):
+        pipeline("SELECT * FROM orders")
+    # Spark's own errors at start, before the query: a query it cannot parse, a missing column
+    with pytest.raises(Exception, match="PARSE_SYNTAX_ERROR"):
+        pipeline("SELEC topic FROM {batch}").start()
+    with pytest.raises(InvalidArgument, match=r"error_column=.*'error'.*no such column"):
+        pipeline("SELECT topic, partition, offset FROM {batch}").start()
