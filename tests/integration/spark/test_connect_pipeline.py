@@ -18,6 +18,7 @@ from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy, error_type
 from redrive.spark import RetryPipeline, route_failures
 from redrive.spark.ledger import ROUTING, Entry, ledger_topic
+from redrive.spark.sql import SqlTransform
 from redrive.store import RetryStore, StoreBackend
 
 from .test_dataframe_form import POLICY, amounts, failure, produce, produce_values, transform
@@ -191,3 +192,6 @@ def test_a_sql_transform_is_checked_before_anything_runs(connect_spark: Any, boo
         pipeline("SELEC topic FROM {batch}").start()
     with pytest.raises(InvalidArgument, match=r"error_column=.*'error'.*no such column"):
         pipeline("SELECT topic, partition, offset FROM {batch}").start()
+    # braces of its own are doubled, as in str.format
+    braces = SqlTransform("SELECT '{{\"id\": 1}}' AS text FROM {batch}")(connect_spark.range(1))
+    assert [row["text"] for row in braces.collect()] == ['{"id": 1}']
