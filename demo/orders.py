@@ -2,10 +2,10 @@
 
 It starts the embedded broker, produces a stream of order events, and runs two RetryPipelines:
 
-1. validate, in the DataFrame form: Spark SQL parses each order and checks it, with errors as a
-   column (no Python per record); orders that are not JSON or whose amount is not a number go to
-   the validator's dead-letter topic, as does a record with a corrupt redrive header, and valid
-   orders are written to the `orders.valid` topic.
+1. validate, in the DataFrame form, as one Spark SQL query: it parses each order and checks it,
+   with errors as a column (no Python per record); orders that are not JSON or whose amount is
+   not a number go to the validator's dead-letter topic, as does a record with a corrupt redrive
+   header, and valid orders are written to the `orders.valid` topic.
 2. enrich, with a per-record Python function over `orders.valid`: it fails transiently for some
    orders (they come back through the retry topics when due), is rate-limited for a few (retried
    in place), and never succeeds for a few (dead-lettered once their retries are exhausted).
@@ -49,7 +49,6 @@ from redrive.spark import register, write_to_kafka
 from redrive.spark.outcomes import PipelineStats
 from redrive.spark.pipeline import RetryPipeline
 from redrive.spark.producers import drop_cached_producers
-from redrive.spark.sql import functions
 
 PARTITIONS = 4
 ORDER_SCHEMA = "order_id long, customer string, amount string"
@@ -145,27 +144,21 @@ def expected(order_id: int) -> Expected:
     return Expected("succeeded", None, failures)
 
 
-def validate(batch: Any) -> Any:
-    """Stage 1, in Spark SQL: the parsed order, or an error saying why it is not one."""
-    F = functions(batch)
-    order = F.from_json(F.col("value").cast("string"), ORDER_SCHEMA)
-    amount = order.getField("amount").try_cast("double")
-
-    def error(kind: str, message: Any) -> Any:
-        return F.struct(F.lit(kind).alias("type"), message.alias("message"))
-
-    failure = (F.when(order.getField("order_id").isNull(),
-                      error("ParseError", F.lit("not a JSON order")))
-               .when(amount.isNull(),
-                     error("ValidationError", F.concat(F.lit("amount is not a number: "),
-                                                       order.getField("amount")))))
-    return batch.select(
-        "topic", "partition", "offset", failure.alias("error"),
-        F.col("key"),
-        F.to_json(F.struct(order.getField("order_id").alias("order_id"),
-                           order.getField("customer").alias("customer"),
-                           F.round(amount * 100).cast("long").alias("amount_cents")))
-        .alias("value"))
+# Stage 1, as one Spark SQL query over the admitted batch: the parsed order, or an error saying
+# why it is not one.
+VALIDATE_SQL = f"""
+SELECT topic, partition, offset, key,
+       CASE WHEN o.order_id IS NULL
+                 THEN named_struct('type', 'ParseError', 'message', 'not a JSON order')
+            WHEN amount IS NULL
+                 THEN named_struct('type', 'ValidationError',
+                                   'message', concat('amount is not a number: ', o.amount))
+       END AS error,
+       to_json(named_struct('order_id', o.order_id, 'customer', o.customer,
+                            'amount_cents', CAST(round(amount * 100) AS BIGINT))) AS value
+FROM (SELECT *, try_cast(o.amount AS DOUBLE) AS amount
+      FROM (SELECT *, from_json(CAST(value AS STRING), '{ORDER_SCHEMA}') AS o FROM {{batch}}))
+"""
 
 
 def to_valid_topic(bootstrap: str, valid_topic: str) -> Any:
@@ -370,7 +363,7 @@ def run_validation(spark: Any, bootstrap: str, names: Names, workdir: Path,
                    interrupts: Interrupts) -> PipelineStats:
     """Stage 1; its stats say how many orders it found valid."""
     pipeline = RetryPipeline(
-        spark, bootstrap, names.topic, names.validator, VALIDATE_POLICY, transform=validate,
+        spark, bootstrap, names.topic, names.validator, VALIDATE_POLICY, transform=VALIDATE_SQL,
         sink=to_valid_topic(bootstrap, names.valid_topic),
         checkpoint=str(workdir / "checkpoint-validate"),
         trigger_interval="1 second", max_offsets_per_trigger=10_000,
