@@ -82,6 +82,12 @@ def test_pipeline_on_spark_connect(connect_spark: Any, bootstrap: str, new_topic
     assert len(read_all(bootstrap, f"{topic}.{group}.retry.1s")) == 4
 
 
+def dead_letter_types(bootstrap: str, topic: str, group: str) -> dict[bytes, bytes | None]:
+    """Each dead letter's value, with the error type its headers give."""
+    return {m.value(): h.last(kafka.message_headers(m), h.ERROR_TYPE)
+            for m in read_all(bootstrap, f"{topic}.{group}.dlt")}
+
+
 def test_records_the_transform_cannot_compute_are_routed_on_connect(
         connect_spark: Any, bootstrap: str, new_topic: Any, unique_name: Any,
         tmp_path: Path) -> None:
@@ -98,9 +104,8 @@ def test_records_the_transform_cannot_compute_are_routed_on_connect(
 
     assert sorted(row["amount"] for row in connect_spark.read.parquet(sink).collect()) == [1, 2]
     assert stats.dead_lettered_by_reason == {"not-retryable": 2}
-    dead = {m.value(): h.last(kafka.message_headers(m), h.ERROR_TYPE)
-            for m in read_all(bootstrap, f"{topic}.{group}.dlt")}
-    assert dead == {b"abc": b"CAST_INVALID_INPUT", b"boom": b"ValueError"}
+    assert dead_letter_types(bootstrap, topic, group) == {b"abc": b"CAST_INVALID_INPUT",
+                                                          b"boom": b"ValueError"}
 
 
 def test_route_failures_inside_a_connect_foreach_batch(connect_spark: Any, bootstrap: str,
@@ -170,9 +175,8 @@ def test_a_transform_given_as_sql(request: Any, session: str, bootstrap: str, ne
     assert sorted((row["id"], row["amount"]) for row in spark.read.parquet(sink).collect()) \
         == [(1, 5.0), (3, 7.5)]
     assert stats.dead_lettered_by_reason == {"not-retryable": 2}
-    dead = {m.value(): h.last(kafka.message_headers(m), h.ERROR_TYPE)
-            for m in read_all(bootstrap, f"{topic}.{group}.dlt")}
-    assert dead == {b"not json": b"ParseError", b'{"id": 2, "amount": -1}': b"ValidationError"}
+    assert dead_letter_types(bootstrap, topic, group) == {
+        b"not json": b"ParseError", b'{"id": 2, "amount": -1}': b"ValidationError"}
 
 
 def test_a_sql_transform_is_checked_before_anything_runs(connect_spark: Any, bootstrap: str,
