@@ -7,22 +7,29 @@ request written before that trip (while nothing was stopped, or before a cool-of
 earlier stop) releases nothing: it was meant for another stop. A topic rather
 than a signal or a file: consumers run on many hosts, and the request is then also a record of who
 resumed what and when.
+
+A Spark pipeline's stops are written there too (`Stop`): its query reads its partitions as one
+and fails the batch that tripped, so the stop must outlive the query, and the process, that
+tripped it; whoever starts the query again reads the group's stops (`standing_stops`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import asdict, dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from redrive import kafka
-from redrive.errors import InvalidArgument
+from redrive.clock import now_ms
+from redrive.errors import BrokerUnavailable, InvalidArgument
 from redrive.kafka.records import Delivered, OutRecord, PartitionKey
 
 CONTROL_TOPIC = "redrive.control"
 RESUME = "resume"
+STOP = "stop"
 
 log = logging.getLogger("redrive.control")
 
@@ -61,30 +68,143 @@ class Resume:
 
     @classmethod
     def decode(cls, value: bytes | None) -> Resume:
-        try:
-            fields = json.loads(value or b"")
-        except ValueError as exc:
-            raise InvalidArgument("control request", value, f"not JSON: {exc}") from exc
-        if not isinstance(fields, dict) or fields.pop("action", None) != RESUME:
+        found = decode(value)
+        if not isinstance(found, Resume):
             raise InvalidArgument("control request", value, f"expected action {RESUME!r}")
-        try:
-            return cls(**fields)
-        except TypeError as exc:
-            raise InvalidArgument("control request", value, str(exc)) from exc
+        return found
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A partition a Spark pipeline's dead-letter brake stopped at `offset` (a partition of
+    `main` or of one of its retry topics), at `at_ms`; `cool_off_ms` then releases it by itself.
+    `limit` says which limit it passed, for the operator."""
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    main: str
+    at_ms: int
+    cool_off_ms: int | None = None
+    limit: str = ""
+
+    @property
+    def tp(self) -> PartitionKey:
+        return (self.topic, self.partition)
+
+    def encode(self) -> bytes:
+        return json.dumps({"action": STOP, **asdict(self)}, sort_keys=True).encode()
+
+
+def decode(value: bytes | None) -> Resume | Stop:
+    """A record of the control topic; InvalidArgument naming it when it is neither."""
+    try:
+        fields = json.loads(value or b"")
+    except ValueError as exc:
+        raise InvalidArgument("control request", value, f"not JSON: {exc}") from exc
+    kinds: dict[str, type[Resume] | type[Stop]] = {RESUME: Resume, STOP: Stop}
+    kind = kinds.get(fields.pop("action", None)) if isinstance(fields, dict) else None
+    if kind is None:
+        raise InvalidArgument("control request", value,
+                              f"expected action {RESUME!r} or {STOP!r}")
+    try:
+        return kind(**fields)
+    except TypeError as exc:
+        raise InvalidArgument("control request", value, str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A group's Spark stops as the control topic tells them: those still in force, and, per
+    partition, the offset where the last released one stood (counts start afresh there)."""
+
+    active: tuple[Stop, ...]
+    released: dict[PartitionKey, int]
+
+
+def standing_stops(connection: kafka.Connection, group: str, timeout_s: float = 10.0,
+                   at_ms: int | None = None) -> Standing:
+    """Read the control topic whole (a few records an incident) for `group`'s stops: a stop is
+    released by a resume for the group written after it that covers its partition, or once its
+    cool-off has passed (at `at_ms`, now by default)."""
+    now = now_ms() if at_ms is None else at_ms
+    stops: dict[PartitionKey, tuple[int, Stop]] = {}
+    released: dict[PartitionKey, int] = {}
+    kafka.create_topics(kafka.admin(connection), {CONTROL_TOPIC: 1}, timeout_s=timeout_s)
+    consumer = kafka.consumer(connection)
+    try:
+        low, high = kafka.watermarks(consumer, CONTROL_TOPIC, 0, timeout_s)
+        if high > low:
+            consumer.assign([TopicPartition(CONTROL_TOPIC, 0, low)])
+            for offset, found in _read(consumer, connection, group, high, timeout_s):
+                if isinstance(found, Stop):
+                    stops[found.tp] = (offset, found)
+                    continue
+                for tp, (since, stop) in list(stops.items()):
+                    if offset > since and found.covers(tp, stop.main):
+                        released[tp] = stop.offset
+                        del stops[tp]
+    finally:
+        consumer.close()
+    active = []
+    for tp, (_, stop) in sorted(stops.items()):
+        if stop.cool_off_ms is not None and stop.at_ms + stop.cool_off_ms <= now:
+            released[tp] = stop.offset
+        else:
+            active.append(stop)
+    return Standing(tuple(active), released)
+
+
+def _read(consumer: Consumer, connection: kafka.Connection, group: str, end: int,
+          timeout_s: float) -> list[tuple[int, Resume | Stop]]:
+    """The control topic's records for `group` below `end`, with their offsets."""
+    found: list[tuple[int, Resume | Stop]] = []
+    deadline = time.monotonic() + timeout_s
+    read_to = 0
+    while read_to < end:
+        if time.monotonic() > deadline:
+            raise BrokerUnavailable(str(kafka.client_config(connection)["bootstrap.servers"]),
+                                    f"{CONTROL_TOPIC} not read to offset {end} in {timeout_s:g} "
+                                    f"s (read to {read_to})")
+        for message in consumer.consume(500, 0.5):
+            if message.error() is not None:
+                continue
+            offset = int(message.offset() or 0)
+            read_to = offset + 1
+            if offset >= end or message.key() != group.encode():
+                continue
+            try:
+                found.append((offset, decode(message.value())))
+            except InvalidArgument as exc:
+                log.warning("group %s: ignored control record at offset %d: %s", group,
+                            offset, exc)
+    return found
+
+
+def write_stops(connection: kafka.Connection, stops: list[Stop],
+                timeout_s: float = 10.0) -> list[Delivered]:
+    """Record a Spark pipeline's stops (before its batch fails: a resume written after them,
+    and only such, releases them)."""
+    kafka.create_topics(kafka.admin(connection), {CONTROL_TOPIC: 1}, timeout_s=timeout_s)
+    records = [OutRecord(CONTROL_TOPIC, stop.encode(), stop.group.encode()) for stop in stops]
+    return kafka.produce_confirmed(kafka.producer(connection), records, timeout_s)
 
 
 def request_resume(connection: kafka.Connection, resume: Resume,
                    timeout_s: float = 10.0) -> Delivered:
     """Write `resume` to the control topic (created if missing); return where it landed.
     Raises BrokerUnavailable when no broker answers, and InvalidArgument when no consumer of
-    the group runs: only a running consumer holds a braked partition and reads requests (a
-    restart starts the brake's counts afresh), so a request then, or for a mistyped group,
-    would change nothing."""
+    the group runs and no Spark pipeline of it stands stopped: only a running consumer holds a
+    braked partition (a restart starts the brake's counts afresh), and a pipeline's stops are
+    in the control topic, so a request then, or for a mistyped group, would change nothing."""
     kafka.check_reachable(connection, timeout_s)
     # Not allowed to describe the group (an ACL): the request is written all the same.
-    if kafka.group_members(kafka.admin(connection), resume.group, timeout_s) == 0:
-        raise InvalidArgument("group", resume.group, "no consumer of this group is running, so "
-                              "no partition of it is braked")
+    if kafka.group_members(kafka.admin(connection), resume.group, timeout_s) == 0 \
+            and not standing_stops(connection, resume.group, timeout_s).active:
+        raise InvalidArgument("group", resume.group, "no consumer of this group is running and "
+                              "no Spark pipeline of it is stopped, so no partition of it is "
+                              "braked")
     kafka.create_topics(kafka.admin(connection), {CONTROL_TOPIC: 1}, timeout_s=timeout_s)
     producer = kafka.producer(connection)
     record = OutRecord(CONTROL_TOPIC, resume.encode(), resume.group.encode())
@@ -126,10 +246,13 @@ class ResumeWatch:
             if message.key() != self.group.encode():
                 continue
             try:
-                found.append((offset, Resume.decode(message.value())))
+                request = decode(message.value())
             except InvalidArgument as exc:
                 log.warning("group %s: ignored control record at offset %s: %s", self.group,
                             message.offset(), exc)
+                continue
+            if isinstance(request, Resume):  # a Spark pipeline's stops are its own
+                found.append((offset, request))
         return found
 
     def close(self) -> None:

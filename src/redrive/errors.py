@@ -72,6 +72,23 @@ class BrokerUnavailable(RedriveError):
         super().__init__(f"no Kafka broker reachable at bootstrap.servers={bootstrap!r}: {why}")
 
 
+class DeadLetterBrakeTripped(RedriveError):
+    """A Spark batch would have passed its policy's dead-letter limit: `stopped` names each
+    partition and the offset of the dead letter that would have passed it. Nothing of the batch
+    is copied, and the batch fails so that Spark commits none of it; the stops are kept in the
+    control topic until `redrive resume` (in `command`) or the cool-off releases them."""
+
+    def __init__(self, group: str, stopped: list[tuple[str, int, int]], limit: str,
+                 command: str) -> None:
+        self.group = group
+        self.stopped = stopped
+        self.command = command
+        where = ", ".join(f"{topic}[{partition}] at offset {offset}"
+                          for topic, partition, offset in stopped)
+        super().__init__(f"group {group}: the dead-letter brake stopped {where} ({limit}); "
+                         f"the batch is not committed until resumed: {command}")
+
+
 class UnknownTopic(RedriveError):
     """A topic that an operation needs does not exist."""
 

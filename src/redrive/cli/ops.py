@@ -291,7 +291,8 @@ def resume_command(connection: dict[str, str], timeout_s: float, group: str, top
     """Let partitions the dead-letter brake stopped go on.
 
     The request goes to the control topic; each running consumer of the group releases the
-    braked partitions it covers at its next poll, with their counts started afresh.
+    braked partitions it covers at its next poll, with their counts started afresh, and a Spark
+    pipeline of the group waiting on its stops starts its query again from its checkpoint.
     """
     request = Resume(group, topic, partition, actor or default_actor(), now_ms())
     where = request_resume(_connect(connection), request, timeout_s)

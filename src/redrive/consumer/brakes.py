@@ -1,15 +1,12 @@
 """The consumer's dead-letter brake: each partition's recent outcomes checked against the policy's
-DeadLetterLimit, the partitions it stopped, and their release by an operator or the cool-off.
-
-Successes come in runs (the plain-record loop finishes many at once), so a window is kept as runs
-of one outcome, not one entry per record: counting costs the same for a run of any length.
+DeadLetterLimit (a policy.brake.Window each), the partitions it stopped, and their release by an
+operator or the cool-off.
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
-from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
@@ -23,58 +20,13 @@ from redrive.kafka.holds import Hold, Holds, Pausable, Why
 from redrive.kafka.records import PartitionKey
 from redrive.metrics import Metrics
 from redrive.policy import DeadLetterLimit, format_ms
+from redrive.policy.brake import Window
 from redrive.record import Record
 
 log = logging.getLogger("redrive.consumer")
 
 # A braked partition without a cool-off stays held until an operator resumes it.
 UNTIL_RESUMED_MS = 2**62
-
-
-class Window:
-    """One partition's recent outcomes: at most `size` of them, oldest dropped first."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._runs: deque[list[int]] = deque()  # [count, 1 if dead letters else 0]
-        self.total = 0
-        self.dead = 0
-        self.in_a_row = 0
-
-    def add(self, count: int, dead: bool) -> None:
-        flag = int(dead)
-        if self._runs and self._runs[-1][1] == flag:
-            self._runs[-1][0] += count
-        else:
-            self._runs.append([count, flag])
-        self.total += count
-        if dead:
-            self.dead += count
-            self.in_a_row += count
-        else:
-            self.in_a_row = 0
-        excess = self.total - self.size
-        while excess > 0:
-            run = self._runs[0]
-            taken = min(run[0], excess)
-            run[0] -= taken
-            self.total -= taken
-            self.dead -= taken * run[1]
-            excess -= taken
-            if not run[0]:
-                self._runs.popleft()
-
-    def passes(self, limit: DeadLetterLimit) -> bool:
-        """Whether one more dead letter would pass `limit`."""
-        if limit.consecutive is not None and self.in_a_row + 1 > limit.consecutive:
-            return True
-        if limit.ratio is None:
-            return False
-        total, dead = self.total + 1, self.dead + 1
-        if total > self.size:  # the oldest outcome leaves the window
-            total -= 1
-            dead -= self._runs[0][1]
-        return total >= self.size and dead > limit.ratio * total
 
 
 class Brake:

@@ -32,6 +32,7 @@ from redrive.policy import RetryPolicy
 from redrive.record import ErrorInfo, Record
 from redrive.routing import DeadLetter, Retry, Route
 from redrive.spark import ledger, poison, tasks
+from redrive.spark.brake import QueryBrake
 from redrive.spark.checkpoint import query_id
 from redrive.spark.failures import IDENTITY, ROUTE_HERE_MAX, route_rows, routing_rows
 from redrive.spark.outcomes import (
@@ -81,6 +82,8 @@ class BatchBody:
     # A store or other backend deciding on the driver; only with a classic session, where the
     # body is called in the client's own process and never pickled.
     backend: BoundBackend | None = field(default=None, compare=False)
+    # The policy's dead-letter limit, judged before each batch's failures are copied.
+    brake: QueryBrake | None = field(default=None, compare=False)
     # The query's id, read from its checkpoint at its first batch: a body serves one query.
     query: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -127,6 +130,8 @@ class BatchBody:
         if previous is not None and previous.batch == batch_id and previous.state == ledger.DONE:
             log.info("pipeline %s: batch %d was handled before a restart", self.group, batch_id)
             return
+        if self.brake is not None:
+            self.brake.begin()  # a stop standing fails the batch before it writes anything
         resumed = previous if previous is not None and previous.batch == batch_id else None
         if resumed is None and taken:
             # An earlier attempt in this process marked the routing and began copying, and the
@@ -153,6 +158,8 @@ class BatchBody:
         data = {**report.to_dict(), **self._names()}
         ledger.append(self._producer(), self.ledger_topic, ledger.Entry(batch_id, ledger.DONE,
                                                                          report=data))
+        if self.brake is not None:
+            self.brake.done(batch_id)
 
     def _producer(self) -> Any:
         return cached_producer(self.connection)
@@ -183,12 +190,14 @@ class BatchBody:
             outcomes = _count_processed(processed)
             clock.done("count")
             routes: tuple[Routed, ...] = ()
-            if any(o.status == FAILED for o in outcomes):
-                failed = (processed.where(F.col("status") == FAILED)
-                          .select(*tasks.ROUTING_COLUMNS))
+            failed = (processed.where(F.col("status") == FAILED).select(*tasks.ROUTING_COLUMNS)
+                      if any(o.status == FAILED for o in outcomes) else None)
+            at_ms = self._judge(processed.where(F.col("status") != SKIPPED), failed, clock)
+            if failed is not None:
                 routes = (self._route_to_backend(failed, batch_id, resumed, clock, taken)
                           if self.backend is not None
-                          else self._route(failed, batch_id, resumed, clock, taken))
+                          else self._route(failed, batch_id, resumed, clock, taken,
+                                           at_ms=at_ms))
                 clock.done("route")
             if self.backend is not None:
                 for record in _records(processed.where((F.col("status") == OK)
@@ -268,16 +277,19 @@ class BatchBody:
             clock.done("count")
             routes: tuple[Routed, ...] = ()
             bad = sum(row["n"] for row in tallied.counted if row["status"] == FAILED)
+            rows = None
             if tallied.failed + bad + len(unfit):
                 rows = routing_rows(output, self.error_column, source=held)
                 if bad:
                     rows = rows.unionByName(routing_rows(held.where(malformed), None))
                 if unfit:
                     rows = rows.unionByName(poison.routing_rows(held, unfit))
+            at_ms = self._judge(held.where(mine), rows, clock)
+            if rows is not None:
                 routes = (self._route_to_backend(rows, batch_id, resumed, clock, taken)
                           if self.backend is not None
                           else self._route(rows, batch_id, resumed, clock, taken,
-                                           tallied.failed + bad + len(unfit)))
+                                           tallied.failed + bad + len(unfit), at_ms=at_ms))
                 clock.done("route")
             if self.backend is not None:
                 failed = output.where(error_set(output, self.error_column)).select(*IDENTITY)
@@ -305,8 +317,18 @@ class BatchBody:
 
     # --- routing and the sink ------------------------------------------------------------------
 
+    def _judge(self, counted: Any, failed: Any, clock: StepClock) -> int | None:
+        """With a dead-letter limit, judge the batch before anything of it is copied (see
+        spark.brake); the time routing decides at."""
+        if self.brake is None:
+            return None
+        at_ms = self.brake.judge(counted, failed, self.route_policy, self.partitions)
+        clock.done("brake")
+        return at_ms
+
     def _route(self, rows: Any, batch_id: int, resumed: ledger.Entry | None, clock: StepClock,
-               taken: dict[str, int], failed: int | None = None) -> tuple[Routed, ...]:
+               taken: dict[str, int], failed: int | None = None, *,
+               at_ms: int | None = None) -> tuple[Routed, ...]:
         """Copy failed rows with confirmation; a resumed batch skips copies already written.
         The marks taken before copying are kept in `taken` too, for a run again in this
         process. `failed`, when the batch has counted them, lets few be routed here."""
@@ -314,7 +336,7 @@ class BatchBody:
         here = failed is not None and failed <= ROUTE_HERE_MAX
         return tuple(route_rows(rows, self.connection, self.group, self.route_policy,
                                 self.partitions, already, marks, here=here,
-                                fetched=partial(clock.done, "fetch")))
+                                fetched=partial(clock.done, "fetch"), at_ms=at_ms))
 
     def _begin_routing(self, batch_id: int, resumed: ledger.Entry | None, clock: StepClock,
                        taken: dict[str, int]

@@ -19,8 +19,9 @@ import pyarrow as pa
 from redrive import kafka, topics
 from redrive.arguments import check_instance
 from redrive.errors import InvalidArgument
-from redrive.policy import RetryPolicy
+from redrive.policy import DeadLetterLimit, RetryPolicy
 from redrive.spark import ledger, tasks
+from redrive.spark.brake import QueryBrake
 from redrive.spark.checkpoint import query_id
 from redrive.spark.columns import REDRIVE_COLUMN
 from redrive.spark.ledger import CopyKey
@@ -132,16 +133,18 @@ def _require(frame: Any, columns: Iterable[str], why: str) -> None:
 def route_rows(rows: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
                partitions: Mapping[str, int], already: frozenset[CopyKey] = frozenset(),
                marks: Mapping[str, int] | None = None, *, here: bool = False,
-               fetched: Callable[[], None] | None = None) -> RouteCounts:
+               fetched: Callable[[], None] | None = None,
+               at_ms: int | None = None) -> RouteCounts:
     """Route and produce rows in tasks.ROUTING_COLUMNS and count the routes: on the executors,
     or with `here` in this process, the rows fetched as Arrow (see ROUTE_HERE_MAX), after which
     `fetched` is called (a batch's step clock). `marks`, the ledger's routing marks, let a task
-    Spark runs again skip the copies its earlier attempt wrote."""
+    Spark runs again skip the copies its earlier attempt wrote; `at_ms`, the time the brake
+    decided the same rows at, makes routing decide at it too."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     body = tasks.RouteAndProduce(policy, group, dict(partitions),
                                  connection if isinstance(connection, str) else dict(connection),
-                                 already=already, marks=dict(marks or {}))
+                                 already=already, marks=dict(marks or {}), now_ms=at_ms)
     if here:
         table = rows.toArrow()
         if fetched is not None:
@@ -153,15 +156,6 @@ def route_rows(rows: Any, connection: kafka.Connection, group: str, policy: Retr
     return RouteCounts(Routed(row["kind"], row["reason"], row["attempt"], row["topic"],
                               row["count"], row["source_topic"], row["source_attempt"])
                        for row in found)
-
-
-def check_no_brake(policy: RetryPolicy) -> None:
-    """Refuse a dead-letter limit: a streaming query reads its partitions as one, so it cannot
-    stop one of them at a record; the brake belongs to RetryingConsumer."""
-    if policy.dead_letter_limit is not None:
-        raise InvalidArgument("policy.dead_letter_limit", policy.dead_letter_limit,
-                              "a Spark query cannot stop one partition at a record; use it with "
-                              "RetryingConsumer, or alert on redrive_dead_lettered_total")
 
 
 def route_failures(batch: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
@@ -190,7 +184,6 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
     """
     topics.check_name("group", group)
     check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
-    check_no_brake(policy)
     check_error_column(batch.schema, error_column)
     if batch_id is not None and (isinstance(batch_id, bool) or not isinstance(batch_id, int)
                                  or batch_id < 0):
@@ -213,12 +206,32 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
                 .unionByName(routing_rows(unreadable, None)))
     admin = kafka.admin(connection)
     partitions = kafka.topic_partitions(admin)
+    brake = None
+    at_ms = None
+    if policy.dead_letter_limit is not None:
+        brake = _BRAKES.setdefault(
+            (group, None if query is None else query["query"], policy.dead_letter_limit),
+            QueryBrake(policy.dead_letter_limit, group, connection))
+        counted = source if source is not None else batch
+        if REDRIVE_COLUMN in counted.columns:  # another group's copies are not its records
+            owner = functions(counted).col(REDRIVE_COLUMN).getField("group")
+            counted = counted.where(owner.isNull() | (owner == group))
+        at_ms = brake.judge(counted, rows, policy, partitions, batch_id)
     already: frozenset[CopyKey] = frozenset()
     marks: dict[str, int] = {}
     if batch_id is not None and query is not None:
         already, marks = _copied_before(connection, admin, group, policy, partitions, batch_id,
                                         query)
-    return route_rows(rows, connection, group, policy, partitions, already, marks)
+    counts = route_rows(rows, connection, group, policy, partitions, already, marks,
+                        at_ms=at_ms)
+    if brake is not None:
+        brake.done(batch_id)
+    return counts
+
+
+# Each query's brake, in the process that runs its foreachBatch (on Spark Connect, the server's
+# worker for the query): its counts carry on from batch to batch.
+_BRAKES: dict[tuple[str, str | None, DeadLetterLimit], QueryBrake] = {}
 
 
 _BY = "route_failures"  # marks this function's ledger entries apart from RetryPipeline's

@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from redrive import gate, kafka, topics
+from redrive import control, gate, kafka, topics
 from redrive.arguments import check_function, check_instance, check_int, check_seconds
 from redrive.backends import RetryBackend
 from redrive.clock import now_ms
@@ -37,6 +37,7 @@ from redrive.policy import RetryPolicy
 from redrive.signals import stop_on_signals
 from redrive.spark import ledger, tasks
 from redrive.spark.batches import BatchBody, Sink, Transform
+from redrive.spark.brake import QueryBrake, tripped
 from redrive.spark.failures import check_transform_output
 from redrive.spark.outcomes import OK, RETRY, SKIPPED, BatchReport, PipelineStats
 from redrive.spark.sql import SqlTransform, is_remote
@@ -46,6 +47,8 @@ log = logging.getLogger("redrive.spark")
 
 # How long reading the heads of the retry partitions (for the gauges) may make no progress.
 _HEAD_WAIT_S = 3.0
+# How often a braked pipeline reads the control topic for its release.
+_RELEASE_POLL_S = 1.0
 
 
 def check_local_sink(sink: str, default_fs: str) -> None:
@@ -215,9 +218,11 @@ class RetryPipeline:
 
     def body(self) -> BatchBody:
         """The foreachBatch body, holding only what it needs, so Spark Connect can ship it."""
+        connection = self.connection if isinstance(self.connection, str) else dict(
+            self.connection)
+        limit = self.policy.dead_letter_limit
         return BatchBody(
-            connection=self.connection if isinstance(self.connection, str)
-            else dict(self.connection),
+            connection=connection,
             group=self.group, policy=self.policy, route_policy=self.subscription.route_policy,
             sink=self.sink, sink_format=self.sink_format, checkpoint=self.checkpoint,
             partitions=dict(self._partitions),
@@ -226,7 +231,8 @@ class RetryPipeline:
             function=self.function, batch_function=self.batch_function,
             transform=self.transform, output_schema=self.output_schema,
             error_column=self.error_column,
-            backend=None if self.subscription.topics_backend else self.subscription.backend)
+            backend=None if self.subscription.topics_backend else self.subscription.backend,
+            brake=None if limit is None else QueryBrake(limit, self.group, connection))
 
     def processed(self, frame: Any) -> Any:
         """The batch with each record's outcome (the per-record and pandas forms)."""
@@ -344,32 +350,78 @@ class RetryPipeline:
             query = self.start()
         self._running = True
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def ending() -> bool:
+            return ((until is not None and until(self.stats))
+                    or (deadline is not None and time.monotonic() > deadline))
+
         try:
             with stop_on_signals(self._stopping.set):
-                try:
-                    while query.isActive:
-                        self._read_reports()
-                        if until is not None and until(self.stats):
-                            break
-                        if deadline is not None and time.monotonic() > deadline:
-                            break
-                        if self._stopping.wait(poll_s):
-                            break
-                except BaseException:
-                    # An error leaving the loop (until= or on_batch= raising, an interrupt)
-                    # must not leave the query running: on Spark Connect it runs in the server
-                    # and outlives this process, with no one to read its reports or stop it.
-                    with contextlib.suppress(Exception):
-                        query.stop()
-                    raise
-                self._stop_between_batches(query)
-                self._read_reports()
+                while True:
+                    try:
+                        while query.isActive:
+                            self._read_reports()
+                            if ending() or self._stopping.wait(poll_s):
+                                break
+                    except BaseException:
+                        # An error leaving the loop (until= or on_batch= raising, an interrupt)
+                        # must not leave the query running: on Spark Connect it runs in the
+                        # server and outlives this process, with no one to read its reports
+                        # or stop it.
+                        with contextlib.suppress(Exception):
+                            query.stop()
+                        raise
+                    self._stop_between_batches(query)
+                    self._read_reports()
+                    if query.exception() is None or not self._braked():
+                        break
+                    if not self._wait_for_release(ending, poll_s):
+                        return self.stats  # stopped while braked: the stop stands
+                    query = self.start()
             if query.exception() is not None:
                 raise query.exception()
         finally:
             self._running = False
             self._close_follower()
         return self.stats
+
+    def _braked(self) -> bool:
+        """Whether the query ended because the dead-letter brake stopped partitions of the
+        group (see spark.brake): counted, and logged with the command that releases them."""
+        if self.policy.dead_letter_limit is None:
+            return False
+        try:
+            standing = control.standing_stops(self.connection, self.group)
+        except (KafkaException, RedriveError) as exc:
+            log.warning("pipeline %s: the control topic could not be read (%s) after the query "
+                        "failed", self.group, exc)
+            return False
+        if not standing.active:
+            return False
+        for stop in standing.active:
+            self.metrics.brake_tripped(stop.topic)
+        self.metrics.braked_partitions(len(standing.active))
+        then = ("until resumed" if self.policy.dead_letter_limit.cool_off_ms is None
+                else "until resumed or the cool-off ends")
+        log.warning("pipeline %s: %s; waiting %s", self.group,
+                    tripped(self.connection, self.group, standing.active), then)
+        return True
+
+    def _wait_for_release(self, ending: Callable[[], bool], poll_s: float) -> bool:
+        """Wait for the group's stops to be released: True, or False once run() must end."""
+        while not (ending() or self._stopping.wait(max(poll_s, _RELEASE_POLL_S))):
+            try:
+                standing = control.standing_stops(self.connection, self.group)
+            except (KafkaException, RedriveError) as exc:
+                self.health.trouble(str(exc))
+                continue
+            self.health.ok()
+            if not standing.active:
+                self.metrics.braked_partitions(0)
+                log.warning("pipeline %s: the dead-letter brake's stops were released; the "
+                            "query starts again from its checkpoint", self.group)
+                return True
+        return False
 
     def stop(self) -> None:
         """Stop between batches; when run() is looping, it sees the flag and stops itself."""

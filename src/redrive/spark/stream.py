@@ -16,7 +16,6 @@ from redrive.backends import BoundBackend, RetryBackend, RetryTopics
 from redrive.errors import InvalidArgument
 from redrive.policy import RetryPolicy
 from redrive.spark.columns import REDRIVE_COLUMN
-from redrive.spark.failures import check_no_brake
 from redrive.spark.sql import functions
 
 log = logging.getLogger("redrive.spark")
@@ -66,7 +65,6 @@ class Subscription:
         topics.check_names("topics", self.main_topics)
         self.group = topics.check_name("group", group)
         check_instance("policy", policy, RetryPolicy, "a RetryPolicy")
-        check_no_brake(policy)
         self.policy = policy
         self.plans = topics.plans(policy, self.main_topics, self.group)
         if retry_backend is not None and not isinstance(retry_backend, RetryBackend):
@@ -80,6 +78,11 @@ class Subscription:
                                   "per-key ordering needs records handled one by one in order; "
                                   "a Spark batch handles them in parallel (use RetryingConsumer)")
         self.topics_backend = isinstance(self.retry_backend, RetryTopics)
+        if policy.dead_letter_limit is not None and not self.topics_backend:
+            raise InvalidArgument("policy.dead_letter_limit", policy.dead_letter_limit,
+                                  "a Spark pipeline's brake judges the failures it copies to "
+                                  "retry topics, the default backend; not with "
+                                  f"{type(self.retry_backend).__name__}")
         policies = {self.backend.policy_for(topic, policy) for topic in self.main_topics}
         if len(policies) > 1:
             raise InvalidArgument("retry_backend", self.retry_backend,

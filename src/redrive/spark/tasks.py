@@ -63,6 +63,13 @@ ROUTED_SCHEMA = pa.schema([
     ("attempt", pa.int32()),
     ("source_attempt", pa.int32()),  # the attempt the failed record was on (see _source_attempt)
 ])
+# A failed record's route decided without copying it, for the dead-letter brake (spark.brake).
+DECIDED_SCHEMA = pa.schema([
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("dead", pa.bool_()),
+])
 ROUTE_COUNTS_SCHEMA = pa.schema([
     ("kind", pa.string()),
     ("reason", pa.string()),
@@ -445,6 +452,30 @@ def route_batches(batches: Iterator[pa.RecordBatch], *, policy: RetryPolicy, gro
 
 
 @dataclass(frozen=True)
+class Decide:
+    """mapInArrow body over failed rows: whether each record's route is its dead-letter topic,
+    decided as RouteAndProduce decides at the same `now_ms`, and nothing produced."""
+
+    policy: RetryPolicy
+    group: str
+    partitions: Mapping[str, int]
+    now_ms: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        routed: set[Coordinates] = set()
+        for batch in batches:
+            first = FirstFailures(self.policy, self.group, self.now_ms)
+            out: dict[str, list[Any]] = {name: [] for name in DECIDED_SCHEMA.names}
+            for record, error in failures(batch, routed):
+                kind = _routed(record, error, first, self.partitions)[1]
+                out["topic"].append(record.topic)
+                out["partition"].append(record.partition)
+                out["offset"].append(record.offset)
+                out["dead"].append(kind == DEAD_LETTER)
+            yield pa.RecordBatch.from_pydict(out, schema=DECIDED_SCHEMA)
+
+
+@dataclass(frozen=True)
 class RouteAndProduce:
     """mapInArrow body over failed rows that routes each and produces its copy in the same task,
     then yields one row per (kind, reason, attempt, topic) with how many records went that way.
@@ -463,6 +494,9 @@ class RouteAndProduce:
     already: frozenset[CopyKey] = frozenset()
     # The batch's routing marks in the ledger, where its copies start.
     marks: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # The time routing decides at (retries' due times, max_retry_period), when the brake
+    # decided the same rows before: both then see the same routes. Now, per task, without.
+    now_ms: int | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         counts: Counter[tuple[str, str | None, int, str | None, str, int]] = Counter()
@@ -471,7 +505,8 @@ class RouteAndProduce:
         def copies() -> Iterator[kafka.OutRecord]:
             routed: set[Coordinates] = set()
             for batch in batches:
-                first = FirstFailures(self.policy, self.group, now_ms())
+                first = FirstFailures(self.policy, self.group,
+                                      now_ms() if self.now_ms is None else self.now_ms)
                 for record, error in failures(batch, routed):
                     decision, kind, reason, partition = _routed(record, error, first,
                                                                 self.partitions)

@@ -64,7 +64,8 @@ def test_the_brake_stops_at_the_record_that_passes_and_resume_lets_it_go_on(
     typo = CliRunner().invoke(cli, ["resume", "-b", bootstrap, "--group", group + "x"])
     assert typo.exit_code == 2
     assert typo.stderr.strip() == (f"error: invalid group='{group}x': no consumer of this group "
-                                   "is running, so no partition of it is braked")
+                                   "is running and no Spark pipeline of it is stopped, so no "
+                                   "partition of it is braked")
     result = CliRunner().invoke(cli, ["resume", "-b", bootstrap, "--group", group, "--topic",
                                       topic, "--partition", "0", "--actor", "oncall@test"])
     assert result.exit_code == 0, result.output

@@ -22,6 +22,8 @@ from pyspark.sql.pandas.types import to_arrow_type
 
 from redrive import headers as h
 from redrive import kafka
+from redrive.backends import DelayQueue
+from redrive.delay import Tiers
 from redrive.errors import InvalidArgument
 from redrive.oversize import MESSAGE_KEPT
 from redrive.policy import Backoff, DeadLetterLimit, InPlace, RetryPolicy, error_type
@@ -368,11 +370,12 @@ def test_transform_is_checked_before_starting(spark: Any, bootstrap: str, new_to
     in_place = RetryPolicy(in_place=InPlace(on=TimeoutError, retries=1))
     with pytest.raises(InvalidArgument, match=r"policy.in_place"):
         pipeline(transform, in_place)
+    # The brake judges the copies to retry topics (test_spark_brake.py), not a backend's.
     braked = RetryPolicy(dead_letter_limit=DeadLetterLimit(consecutive=10))
-    with pytest.raises(InvalidArgument, match=r"policy.dead_letter_limit=.*one partition"):
-        pipeline(transform, braked)
-    with pytest.raises(InvalidArgument, match=r"policy.dead_letter_limit"):
-        route_failures(spark.range(1), bootstrap, "g", braked)
+    with pytest.raises(InvalidArgument, match=r"policy.dead_letter_limit=.*not with DelayQueue"):
+        RetryPipeline(spark, bootstrap, topic, unique_name("check"), braked, transform=transform,
+                      sink=str(tmp_path / "out"), checkpoint=str(tmp_path / unique_name("cp")),
+                      retry_backend=DelayQueue(Tiers.of(("1s",))))
 
 
 def test_route_failures_in_a_users_own_foreach_batch(spark: Any, bootstrap: str,

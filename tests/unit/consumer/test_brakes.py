@@ -11,12 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from redrive.clock import now_ms
-from redrive.consumer.brakes import UNTIL_RESUMED_MS, Brake, Window
+from redrive.consumer.brakes import UNTIL_RESUMED_MS, Brake
 from redrive.control import Resume
 from redrive.errors import InvalidArgument, InvalidPolicy
 from redrive.kafka.holds import Holds
 from redrive.metrics import Metrics
 from redrive.policy import DeadLetterLimit, RetryPolicy
+from redrive.policy.brake import Window
 from redrive.record import NO_HISTORY, Record, new_record
 
 from ..kafka.test_holds import Calls
