@@ -160,3 +160,55 @@ def test_route_failures_fails_the_batch_until_resumed(spark: Any, bootstrap: str
     assert run_query() is None
     assert dead_offsets(bootstrap, dlt) == list(range(6))
     assert written == {"k6": 1, "k7": 1}
+
+
+def test_a_stop_outlives_the_pipeline_that_tripped(spark: Any, bootstrap: str, new_topic: Any,
+                                                   unique_name: Any, tmp_path: Path) -> None:
+    """stop() (as SIGTERM) ends a braked run() at once and leaves the stop standing; a pipeline
+    started again from the checkpoint waits on it too, until resumed."""
+    topic = new_topic(partitions=1)
+    group = unique_name("sagain")
+    dlt = f"{topic}.{group}.dlt"
+    produce(bootstrap, topic, ["bad"] * 4 + ["ok"])
+    policy = RetryPolicy(not_retryable=ValueError,
+                         dead_letter_limit=DeadLetterLimit(consecutive=1))
+
+    def pipeline() -> RetryPipeline:
+        return RetryPipeline(spark, bootstrap, topic, group, policy, function=per_record,
+                             output_schema="key string", sink=str(tmp_path / "out"),
+                             checkpoint=str(tmp_path / "cp"), trigger_interval="300 milliseconds")
+
+    first = pipeline()
+    ran: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: ran.update(stats=first.run(timeout_s=240)))
+    runner.start()
+    wait_until(lambda: first.metrics.value("redrive_braked_partitions") == 1, 120, "the brake")
+    first.stop()
+    runner.join(30)
+    assert not runner.is_alive() and ran["stats"].finished == 0
+    assert [(s.offset, s.limit) for s in control.standing_stops(bootstrap, group).active] == \
+        [(1, "more than 1 in a row")]
+    assert read_all(bootstrap, dlt) == []
+
+    second = pipeline()
+    runner = threading.Thread(target=lambda: ran.update(stats=second.run(
+        until=lambda s: s.finished >= 5, timeout_s=240)))
+    runner.start()
+    try:
+        wait_until(lambda: second.metrics.value("redrive_braked_partitions") == 1, 120,
+                   "the stop, read again")
+        assert read_all(bootstrap, dlt) == []
+        control.request_resume(bootstrap, control.Resume(group, topic, 0, "test"))
+        # Afresh from offset 1, one dead letter passes; the next stops the query again.
+        wait_until(lambda: [s.offset for s in control.standing_stops(bootstrap, group).active]
+                   == [2], 120, "the second stop")
+        control.request_resume(bootstrap, control.Resume(group, actor="test"))
+        wait_until(lambda: [s.offset for s in control.standing_stops(bootstrap, group).active]
+                   == [3], 120, "the third stop")
+        control.request_resume(bootstrap, control.Resume(group, actor="test"))
+    finally:
+        runner.join(240)
+    assert dead_offsets(bootstrap, dlt) == [0, 1, 2, 3]
+    assert ran["stats"].dead_lettered_by_reason == {"not-retryable": 4}
+    assert ran["stats"].succeeded_by_retries == {0: 1}
+    assert second.metrics.value("redrive_brake_trips_total", topic=topic) == 3
