@@ -137,7 +137,7 @@ def standing_stops(connection: kafka.Connection, group: str, timeout_s: float = 
         low, high = kafka.watermarks(consumer, CONTROL_TOPIC, 0, timeout_s)
         if high > low:
             consumer.assign([TopicPartition(CONTROL_TOPIC, 0, low)])
-            for offset, found in _read(consumer, connection, group, high, timeout_s):
+            for offset, found in _read(consumer, connection, group, low, high, timeout_s):
                 if isinstance(found, Stop):
                     stops[found.tp] = (offset, found)
                     continue
@@ -156,18 +156,20 @@ def standing_stops(connection: kafka.Connection, group: str, timeout_s: float = 
     return Standing(tuple(active), released)
 
 
-def _read(consumer: Consumer, connection: kafka.Connection, group: str, end: int,
+def _read(consumer: Consumer, connection: kafka.Connection, group: str, start: int, end: int,
           timeout_s: float) -> list[tuple[int, Resume | Stop]]:
-    """The control topic's records for `group` below `end`, with their offsets."""
+    """The control topic's records for `group` from `start` (assigned there) below `end`, with
+    their offsets."""
     found: list[tuple[int, Resume | Stop]] = []
     deadline = time.monotonic() + timeout_s
-    read_to = 0
+    read_to = start
     while read_to < end:
         if time.monotonic() > deadline:
             raise BrokerUnavailable(str(kafka.client_config(connection)["bootstrap.servers"]),
                                     f"{CONTROL_TOPIC} not read to offset {end} in {timeout_s:g} "
                                     f"s (read to {read_to})")
-        for message in consumer.consume(500, 0.5):
+        # As many as are left, so that consume returns once they are in, not at its timeout.
+        for message in consumer.consume(max(1, min(500, end - read_to)), 0.5):
             if message.error() is not None:
                 continue
             offset = int(message.offset() or 0)

@@ -20,6 +20,8 @@ from functools import partial
 from types import ModuleType
 from typing import Any
 
+import pyarrow as pa
+
 from redrive import headers as h
 from redrive import kafka
 from redrive.backends import BoundBackend, Verdict
@@ -34,7 +36,7 @@ from redrive.routing import DeadLetter, Retry, Route
 from redrive.spark import ledger, poison, tasks
 from redrive.spark.brake import QueryBrake
 from redrive.spark.checkpoint import query_id
-from redrive.spark.failures import IDENTITY, ROUTE_HERE_MAX, route_rows, routing_rows
+from redrive.spark.failures import IDENTITY, decide, fetch_rows, route_rows, routing_rows
 from redrive.spark.outcomes import (
     DEAD_LETTER,
     FAILED,
@@ -192,7 +194,8 @@ class BatchBody:
             routes: tuple[Routed, ...] = ()
             failed = (processed.where(F.col("status") == FAILED).select(*tasks.ROUTING_COLUMNS)
                       if any(o.status == FAILED for o in outcomes) else None)
-            at_ms = self._judge(processed.where(F.col("status") != SKIPPED), failed, clock)
+            at_ms = self._judge(processed.where(F.col("status") != SKIPPED), failed, batch_id,
+                                clock)
             if failed is not None:
                 routes = (self._route_to_backend(failed, batch_id, resumed, clock, taken)
                           if self.backend is not None
@@ -244,7 +247,8 @@ class BatchBody:
                           unfit: Mapping[tasks.Coordinates, ErrorInfo]) -> BatchReport:
         F = functions(frame)
         assert self.transform is not None
-        tally = BatchTally(frame, self.group, self.topics, now_ms())
+        tally = BatchTally(frame, self.group, self.topics, now_ms(),
+                           self.partitions if self.brake is not None else None)
         mine, malformed = tally.mine, tally.malformed
         # Read by the sink's write and again by routing (and the tally, should it be counted
         # apart): held as rows, not cached as columns, unless lost once (see sql.hold).
@@ -284,12 +288,15 @@ class BatchBody:
                     rows = rows.unionByName(routing_rows(held.where(malformed), None))
                 if unfit:
                     rows = rows.unionByName(poison.routing_rows(held, unfit))
-            at_ms = self._judge(held.where(mine), rows, clock)
+            if rows is not None and self.backend is None:
+                rows = fetch_rows(rows, tallied.failed + bad + len(unfit))
+                if isinstance(rows, pa.Table):
+                    clock.done("fetch")
+            at_ms = self._judge(held.where(mine), rows, batch_id, clock, tallied.per_partition)
             if rows is not None:
                 routes = (self._route_to_backend(rows, batch_id, resumed, clock, taken)
                           if self.backend is not None
-                          else self._route(rows, batch_id, resumed, clock, taken,
-                                           tallied.failed + bad + len(unfit), at_ms=at_ms))
+                          else self._route(rows, batch_id, resumed, clock, taken, at_ms=at_ms))
                 clock.done("route")
             if self.backend is not None:
                 failed = output.where(error_set(output, self.error_column)).select(*IDENTITY)
@@ -317,26 +324,25 @@ class BatchBody:
 
     # --- routing and the sink ------------------------------------------------------------------
 
-    def _judge(self, counted: Any, failed: Any, clock: StepClock) -> int | None:
+    def _judge(self, counted: Any, failed: Any, batch_id: int, clock: StepClock,
+               counts: Mapping[tuple[str, int], int] | None = None) -> int | None:
         """With a dead-letter limit, judge the batch before anything of it is copied (see
         spark.brake); the time routing decides at."""
         if self.brake is None:
             return None
-        at_ms = self.brake.judge(counted, failed, self.route_policy, self.partitions)
+        at_ms = self.brake.judge(counted, None if failed is None else partial(
+            decide, failed, self.route_policy, self.group, self.partitions), batch_id, counts)
         clock.done("brake")
         return at_ms
 
     def _route(self, rows: Any, batch_id: int, resumed: ledger.Entry | None, clock: StepClock,
-               taken: dict[str, int], failed: int | None = None, *,
-               at_ms: int | None = None) -> tuple[Routed, ...]:
-        """Copy failed rows with confirmation; a resumed batch skips copies already written.
-        The marks taken before copying are kept in `taken` too, for a run again in this
-        process. `failed`, when the batch has counted them, lets few be routed here."""
+               taken: dict[str, int], *, at_ms: int | None = None) -> tuple[Routed, ...]:
+        """Copy failed rows (fetched already, or a DataFrame) with confirmation; a resumed batch
+        skips copies already written. The marks taken before copying are kept in `taken` too,
+        for a run again in this process."""
         already, marks = self._begin_routing(batch_id, resumed, clock, taken)
-        here = failed is not None and failed <= ROUTE_HERE_MAX
         return tuple(route_rows(rows, self.connection, self.group, self.route_policy,
-                                self.partitions, already, marks, here=here,
-                                fetched=partial(clock.done, "fetch"), at_ms=at_ms))
+                                self.partitions, already, marks, at_ms=at_ms))
 
     def _begin_routing(self, batch_id: int, resumed: ledger.Entry | None, clock: StepClock,
                        taken: dict[str, int]

@@ -18,16 +18,17 @@ partition, or their offsets where the batch has dead letters, whose places in th
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from redrive import control, kafka, topics
 from redrive.clock import now_ms
 from redrive.errors import DeadLetterBrakeTripped
 from redrive.kafka.records import PartitionKey
-from redrive.policy import DeadLetterLimit, RetryPolicy
+from redrive.policy import DeadLetterLimit
 from redrive.policy.brake import Window
 from redrive.spark import tasks
 from redrive.spark.sql import functions
@@ -108,32 +109,33 @@ class QueryBrake:
             raise tripped(self.connection, self.group, standing.active)
         self._released = dict(standing.released)
 
-    def judge(self, counted: Any, failed_rows: Any, policy: RetryPolicy,
-              partitions: Mapping[str, int], batch_id: int | None = None) -> int:
+    def judge(self, counted: Any, decide: Callable[[int], pa.Table] | None,
+              batch_id: int | None = None,
+              counts: Mapping[PartitionKey, int] | None = None) -> int:
         """Judge a batch before its failures are copied: `counted`, the batch's records that
-        finish or retry (one row or more per record, with topic, partition and offset), and
-        `failed_rows`, its failed rows in routing's columns (None: none failed). Raises
+        finish or retry (one row per record, with topic, partition and offset), and `decide`,
+        which gives its failed records' routes decided at a time (tasks.DECIDED_SCHEMA; None:
+        none failed). `counts`, the same records counted per partition if known (observed as
+        the batch was written), spares a job where the order does not matter. Raises
         DeadLetterBrakeTripped, its stops written, where a dead letter would pass the limit;
         else returns the time routing must decide at."""
-        from pyspark.sql.pandas.types import from_arrow_schema
-
         self.begin()
         if batch_id is not None and batch_id == self._counted:
             self.windows = dict(self._before)
         released = self._released or {}
         at = now_ms()
         failed: dict[PartitionKey, dict[int, bool]] = {}
-        if failed_rows is not None:
-            decided = failed_rows.mapInArrow(
-                tasks.Decide(policy, self.group, dict(partitions), at),
-                from_arrow_schema(tasks.DECIDED_SCHEMA)).toArrow()
+        if decide is not None:
+            decided = decide(at)
             for topic, partition, offset, dead in zip(
                     *(decided.column(name).to_pylist() for name in tasks.DECIDED_SCHEMA.names),
                     strict=True):
                 if offset >= released.get((topic, partition), -1):
                     failed.setdefault((topic, partition), {}).setdefault(offset, dead)
-        records = _records(counted, released,
-                           any(dead for found in failed.values() for dead in found.values()))
+        ordered = any(dead for found in failed.values() for dead in found.values())
+        records: Records = (dict(counts) if counts is not None and not ordered
+                            and not released.keys() & counts.keys()
+                            else _records(counted, released, ordered))
         trips, after = judge(self.windows, self.limit, records, failed)
         if trips:
             stops = [control.Stop(self.group, topic, partition, offset,
@@ -161,9 +163,8 @@ def _records(counted: Any, released: Mapping[PartitionKey, int], ordered: bool) 
         frame = frame.where(~((F.col("topic") == topic) & (F.col("partition") == partition)
                               & (F.col("offset") < offset)))
     if not ordered:
-        return {(row["topic"], row["partition"]): int(row["n"]) for row in
-                frame.groupBy("topic", "partition")
-                .agg(F.count_distinct("offset").alias("n")).collect()}
+        return {(row["topic"], row["partition"]): int(row["count"]) for row in
+                frame.groupBy("topic", "partition").count().collect()}
     table = frame.toArrow()
     topics_ = np.array(table.column("topic").to_pylist(), dtype=object)
     partitions = table.column("partition").to_numpy(zero_copy_only=False)

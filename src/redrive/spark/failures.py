@@ -11,7 +11,8 @@ executors in one job, and the call returns only once the broker acknowledged eve
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -132,30 +133,45 @@ def _require(frame: Any, columns: Iterable[str], why: str) -> None:
 
 def route_rows(rows: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
                partitions: Mapping[str, int], already: frozenset[CopyKey] = frozenset(),
-               marks: Mapping[str, int] | None = None, *, here: bool = False,
-               fetched: Callable[[], None] | None = None,
-               at_ms: int | None = None) -> RouteCounts:
+               marks: Mapping[str, int] | None = None, *, at_ms: int | None = None
+               ) -> RouteCounts:
     """Route and produce rows in tasks.ROUTING_COLUMNS and count the routes: on the executors,
-    or with `here` in this process, the rows fetched as Arrow (see ROUTE_HERE_MAX), after which
-    `fetched` is called (a batch's step clock). `marks`, the ledger's routing marks, let a task
-    Spark runs again skip the copies its earlier attempt wrote; `at_ms`, the time the brake
-    decided the same rows at, makes routing decide at it too."""
+    or in this process where `rows` were fetched already (an Arrow table, see fetch_rows).
+    `marks`, the ledger's routing marks, let a task Spark runs again skip the copies its earlier
+    attempt wrote; `at_ms`, the time the brake decided the same rows at, makes routing decide
+    at it too."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     body = tasks.RouteAndProduce(policy, group, dict(partitions),
                                  connection if isinstance(connection, str) else dict(connection),
                                  already=already, marks=dict(marks or {}), now_ms=at_ms)
-    if here:
-        table = rows.toArrow()
-        if fetched is not None:
-            fetched()
-        found = pa.Table.from_batches(list(body(iter(table.to_batches()))),
+    if isinstance(rows, pa.Table):
+        found = pa.Table.from_batches(list(body(iter(rows.to_batches()))),
                                       schema=tasks.ROUTE_COUNTS_SCHEMA).to_pylist()
     else:
         found = rows.mapInArrow(body, from_arrow_schema(tasks.ROUTE_COUNTS_SCHEMA)).collect()
     return RouteCounts(Routed(row["kind"], row["reason"], row["attempt"], row["topic"],
                               row["count"], row["source_topic"], row["source_attempt"])
                        for row in found)
+
+
+def fetch_rows(rows: Any, failed: int | None) -> Any:
+    """The failed rows to route: fetched as Arrow into this process where the batch counted
+    few enough (see ROUTE_HERE_MAX), else the DataFrame, routed on the executors."""
+    return rows.toArrow() if failed is not None and failed <= ROUTE_HERE_MAX else rows
+
+
+def decide(rows: Any, policy: RetryPolicy, group: str, partitions: Mapping[str, int],
+           at_ms: int) -> pa.Table:
+    """Which of the failed rows (fetched, or a DataFrame) go to the dead-letter topic, decided
+    as route_rows decides at `at_ms` (tasks.DECIDED_SCHEMA)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    body = tasks.Decide(policy, group, dict(partitions), at_ms)
+    if isinstance(rows, pa.Table):
+        return pa.Table.from_batches(list(body(iter(rows.to_batches()))),
+                                     schema=tasks.DECIDED_SCHEMA)
+    return rows.mapInArrow(body, from_arrow_schema(tasks.DECIDED_SCHEMA)).toArrow()
 
 
 def route_failures(batch: Any, connection: kafka.Connection, group: str, policy: RetryPolicy,
@@ -212,11 +228,13 @@ def route_failures(batch: Any, connection: kafka.Connection, group: str, policy:
         brake = _BRAKES.setdefault(
             (group, None if query is None else query["query"], policy.dead_letter_limit),
             QueryBrake(policy.dead_letter_limit, group, connection))
-        counted = source if source is not None else batch
+        # A record's rows: one in the source, maybe several in a transform's output.
+        counted = source if source is not None else batch.dropDuplicates(list(IDENTITY))
         if REDRIVE_COLUMN in counted.columns:  # another group's copies are not its records
             owner = functions(counted).col(REDRIVE_COLUMN).getField("group")
             counted = counted.where(owner.isNull() | (owner == group))
-        at_ms = brake.judge(counted, rows, policy, partitions, batch_id)
+        at_ms = brake.judge(counted, partial(decide, rows, policy, group, partitions),
+                            batch_id)
     already: frozenset[CopyKey] = frozenset()
     marks: dict[str, int] = {}
     if batch_id is not None and query is not None:

@@ -14,7 +14,7 @@ be one the query reads, the same figures come from a job of their own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,13 +31,16 @@ class Tally:
     failed: int  # rows the transform failed
     late_s: tuple[float, ...]
     observed: bool  # counted as the batch was written, not by a job of its own
+    # The group's records per partition, where asked for and observed (for the brake).
+    per_partition: dict[tuple[str, int], int] | None = None
 
 
 class BatchTally:
     """The tally of one batch. Attach `observe_batch` to the batch and `observe_output` to the
     transform's output before the sink writes them; `result` after."""
 
-    def __init__(self, frame: Any, group: str, topics: Sequence[str], now_ms: int) -> None:
+    def __init__(self, frame: Any, group: str, topics: Sequence[str], now_ms: int,
+                 partitions: Mapping[str, int] | None = None) -> None:
         F = functions(frame)
         self._F = F
         self._topics = tuple(topics)
@@ -54,6 +57,9 @@ class BatchTally:
         self._late = F.when(self.mine & due.isNotNull(),
                             (F.lit(now_ms) - F.unix_millis(due)) / 1000)
         self._plain = ((self._attempt == 0) & due.isNull() & owner.isNull() & ~self.malformed)
+        # Counted per partition only where asked: an expression per partition the query reads.
+        self._partitions = ([] if partitions is None else
+                            [(t, p) for t in self._topics for p in range(partitions.get(t, 0))])
         self._of_batch = observation(frame) if self._topics else None
         self._of_output = observation(frame) if self._topics else None
 
@@ -70,6 +76,9 @@ class BatchTally:
             *(F.count_if(self._plain & (topic == index + 1)).alias(f"plain{index}")
               for index in range(len(self._topics))),
             F.count_if(topic == 0).alias("elsewhere"),
+            *(F.count_if(self.mine & (topic == self._topics.index(t) + 1)
+                         & (F.col("partition") == p)).alias(f"partition{index}")
+              for index, (t, p) in enumerate(self._partitions)),
             F.collect_list(F.when(~self._plain, key)).alias("keys"),
             F.slice(F.collect_list(self._late), 1, SAMPLE).alias("late"))
 
@@ -105,7 +114,20 @@ class BatchTally:
         counted = tuple({"status": status, "attempt": attempt, "topic": topic, "n": n,
                          "early": early[(status, attempt, topic)]}
                         for (status, attempt, topic), n in classes.items())
-        return Tally(counted, of_output["errors"], tuple(of_batch["late"]), observed=True)
+        return Tally(counted, of_output["errors"], tuple(of_batch["late"]), observed=True,
+                     per_partition=self._per_partition(of_batch, classes))
+
+    def _per_partition(self, of_batch: Mapping[str, Any],
+                       classes: Mapping[tuple[str, int, str], int]
+                       ) -> dict[tuple[str, int], int] | None:
+        """The group's records per partition, where asked for and all of them counted (a
+        partition not known when the batch began is not)."""
+        if not self._partitions:
+            return None
+        found = {tp: of_batch[f"partition{index}"] for index, tp in enumerate(self._partitions)
+                 if of_batch[f"partition{index}"]}
+        mine = sum(n for (status, _, _), n in classes.items() if status != SKIPPED)
+        return found if sum(found.values()) == mine else None
 
     def counted_by_job(self, frame: Any, output: Any, error_column: str) -> Tally:
         F = self._F

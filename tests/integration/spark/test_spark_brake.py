@@ -212,3 +212,27 @@ def test_a_stop_outlives_the_pipeline_that_tripped(spark: Any, bootstrap: str, n
     assert ran["stats"].dead_lettered_by_reason == {"not-retryable": 4}
     assert ran["stats"].succeeded_by_retries == {0: 1}
     assert second.metrics.value("redrive_brake_trips_total", topic=topic) == 3
+
+
+def test_counts_carry_on_from_batch_to_batch(spark: Any, bootstrap: str, new_topic: Any,
+                                             unique_name: Any, tmp_path: Path) -> None:
+    """Three batches of three records: three dead letters, three successes (a batch without
+    dead letters, counted without their order), three dead letters. The successes end the run
+    of dead letters, so the limit of three in a row is never passed."""
+    topic = new_topic(partitions=1)
+    group = unique_name("scarry")
+    dlt = f"{topic}.{group}.dlt"
+    produce(bootstrap, topic, ["bad"] * 3 + ["ok"] * 3 + ["bad"] * 3)
+    policy = RetryPolicy(not_retryable=error_type("ParseError"),
+                         dead_letter_limit=DeadLetterLimit(consecutive=3))
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, policy, transform=transform,
+                             sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"),
+                             trigger_interval="300 milliseconds", max_offsets_per_trigger=3)
+    stats = pipeline.run(until=lambda s: s.finished >= 9, timeout_s=180)
+    assert stats.batches >= 3
+    assert dead_offsets(bootstrap, dlt) == [0, 1, 2, 6, 7, 8]
+    assert stats.succeeded_by_retries == {0: 3}
+    assert pipeline.metrics.value("redrive_brake_trips_total", topic=topic) == 0
+    assert control.standing_stops(bootstrap, group).active == ()
+    assert pipeline.metrics.value("redrive_batch_step_seconds_count", step="brake") \
+        == stats.batches
