@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -131,7 +133,8 @@ def standing_stops(connection: kafka.Connection, group: str, timeout_s: float = 
     now = now_ms() if at_ms is None else at_ms
     stops: dict[PartitionKey, tuple[int, Stop]] = {}
     released: dict[PartitionKey, int] = {}
-    kafka.create_topics(kafka.admin(connection), {CONTROL_TOPIC: 1}, timeout_s=timeout_s)
+    if CONTROL_TOPIC not in kafka.topic_partitions(kafka.admin(connection), timeout_s):
+        return Standing((), {})  # nothing ever stopped or resumed; not made by a look
     consumer = kafka.consumer(connection)
     try:
         low, high = kafka.watermarks(consumer, CONTROL_TOPIC, 0, timeout_s)
@@ -182,6 +185,15 @@ def _read(consumer: Consumer, connection: kafka.Connection, group: str, start: i
                 log.warning("group %s: ignored control record at offset %d: %s", group,
                             offset, exc)
     return found
+
+
+def resume_command(connection: kafka.Connection, group: str, stops: Sequence[Stop]) -> str:
+    """The `redrive resume` command that releases `stops` (one partition's, or the group's)."""
+    bootstrap = str(kafka.client_config(connection)["bootstrap.servers"])
+    command = f"redrive resume -b {shlex.quote(bootstrap)} --group {shlex.quote(group)}"
+    if len(stops) == 1:
+        command += f" --topic {shlex.quote(stops[0].topic)} --partition {stops[0].partition}"
+    return command
 
 
 def write_stops(connection: kafka.Connection, stops: list[Stop],

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from redrive import kafka, topics
+from redrive import control, kafka, topics
 from redrive.cli import formatting
 from redrive.cli.options import (
     Seconds,
@@ -315,7 +315,8 @@ def stats_command(connection: dict[str, str], timeout_s: float, topic: str, grou
     """Records waiting, lag, oldest record and rates for a group's main, retry and DLT topics.
 
     The topics are planned from the group's policy if given (as in `topics plan`), else found on
-    the cluster.
+    the cluster. A Spark pipeline of the group that the dead-letter brake stopped is named below
+    the table, with the command that resumes it.
     """
     window_s = to_ms(window, "window") / 1000
     policy = _group_policy(**policy_args)
@@ -326,6 +327,8 @@ def stats_command(connection: dict[str, str], timeout_s: float, topic: str, grou
         found = stats.collect(_connect(connection), topic, group, policy=policy, window_s=window_s,
                               timeout_s=timeout_s)
         table = formatting.table(STATS_COLUMNS, stats_rows(found, now_ms()))
+        stopped = _stopped(_connect(connection), group, timeout_s)
+        table = "\n".join([table, *stopped])
         if not watch:
             click.echo(table)
             if len(found) == 1 and found[0].lag is None:
@@ -338,6 +341,17 @@ def stats_command(connection: dict[str, str], timeout_s: float, topic: str, grou
                    f"  (every {window}; Ctrl-C stops)\n{table}")
         if window_s <= 0:
             time.sleep(2.0)
+
+
+def _stopped(connection: kafka.Connection, group: str, timeout_s: float) -> list[str]:
+    """Lines naming the group's Spark stops that stand (a consumer's stops live in the
+    consumer: its log and `redrive_braked_partitions` say them)."""
+    standing = control.standing_stops(connection, group, timeout_s)
+    at = now_ms()
+    return [f"stopped by the dead-letter brake: {stop.topic}[{stop.partition}] at offset "
+            f"{stop.offset}, {formatting.since(stop.at_ms, at)} ago ({stop.limit}); the "
+            f"pipeline waits for: {control.resume_command(connection, group, [stop])}"
+            for stop in standing.active]
 
 
 STATS_COLUMNS = ["topic", "role", "waiting", "lag", "oldest", "next due", "oldest deleted",

@@ -17,8 +17,7 @@ partition, or their offsets where the batch has dead letters, whose places in th
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -179,11 +178,7 @@ def _records(counted: Any, released: Mapping[PartitionKey, int], ordered: bool) 
 
 
 def tripped(connection: kafka.Connection, group: str,
-            stops: tuple[control.Stop, ...] | list[control.Stop]) -> DeadLetterBrakeTripped:
+            stops: Sequence[control.Stop]) -> DeadLetterBrakeTripped:
     """The error naming `stops` and the command that releases them."""
-    bootstrap = str(kafka.client_config(connection)["bootstrap.servers"])
-    command = f"redrive resume -b {shlex.quote(bootstrap)} --group {shlex.quote(group)}"
-    if len(stops) == 1:
-        command += f" --topic {shlex.quote(stops[0].topic)} --partition {stops[0].partition}"
     return DeadLetterBrakeTripped(group, [(s.topic, s.partition, s.offset) for s in stops],
-                                  stops[0].limit, command)
+                                  stops[0].limit, control.resume_command(connection, group, stops))

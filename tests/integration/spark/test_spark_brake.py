@@ -71,6 +71,13 @@ def test_the_brake_stops_the_batch_and_resume_lets_it_go_on(
         assert read_all(bootstrap, dlt) == []  # nothing of the batch was copied
         assert runner.is_alive() and pipeline.stats.finished == 0
 
+        shown = CliRunner().invoke(cli, ["stats", "-b", bootstrap, "--topic", topic, "--group",
+                                         group, "--window", "0"])
+        assert shown.exit_code == 0, shown.output
+        assert (f"stopped by the dead-letter brake: {topic}[0] at offset 8, " in shown.output
+                and f"(more than 5 in a row); the pipeline waits for: redrive resume -b "
+                    f"{bootstrap} --group {group} --topic {topic} --partition 0"
+                in shown.output)
         typo = CliRunner().invoke(cli, ["resume", "-b", bootstrap, "--group", group + "x"])
         assert typo.exit_code == 2
         assert "no Spark pipeline of it is stopped" in typo.stderr
