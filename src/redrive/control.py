@@ -91,6 +91,16 @@ class Stop:
     cool_off_ms: int | None = None
     limit: str = ""
 
+    def __post_init__(self) -> None:
+        for name in ("group", "topic", "main"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise InvalidArgument(f"stop.{name}", getattr(self, name), "must be a name")
+        for name in ("partition", "offset", "at_ms", "cool_off_ms"):
+            value = getattr(self, name)
+            if (value is not None or name != "cool_off_ms") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InvalidArgument(f"stop.{name}", value, "must be an integer >= 0")
+
     @property
     def tp(self) -> PartitionKey:
         return (self.topic, self.partition)

@@ -10,9 +10,11 @@ from its checkpoint, where the batch runs again with the released partition's co
 afresh at the record that tripped. A query started while a stop stands fails its first batch at
 once, whoever starts it.
 
-With a limit only, a batch costs two Spark jobs more: its failed rows' routes decided (at the
-instant routing then uses, so both see the same routes), and its records' identities: counts per
-partition, or their offsets where the batch has dead letters, whose places in the order count.
+What judging needs, with a limit only: the failed rows' routes, decided at the instant routing
+then uses (so both see the same routes), from the rows routing fetched already where they are few,
+else by a job; and the batch's records per partition: counted as the batch was written where the
+tally observed them and the batch has no dead letters, else by a job, with their offsets fetched
+where it has dead letters, whose places in the order count.
 """
 
 from __future__ import annotations

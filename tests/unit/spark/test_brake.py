@@ -127,3 +127,8 @@ def test_a_stop_reads_back_as_written_and_requests_tell_their_kind() -> None:
     with pytest.raises(InvalidArgument, match=r"unexpected keyword argument 'extra'"):
         decode(b'{"action": "stop", "group": "g", "topic": "t", "partition": 0, "offset": 1, '
                b'"main": "t", "at_ms": 1, "extra": 2}')
+    with pytest.raises(InvalidArgument, match=r"stop.partition='0': must be an integer >= 0"):
+        decode(b'{"action": "stop", "group": "g", "topic": "t", "partition": "0", "offset": 1, '
+               b'"main": "t", "at_ms": 1}')
+    with pytest.raises(InvalidArgument, match=r"stop.main='': must be a name"):
+        Stop("g", "t", 0, 1, "", 1)
