@@ -123,6 +123,10 @@ class BatchBody:
     def _handle(self, frame: Any, batch_id: int, taken: dict[str, int], *,
                 as_rows: bool = True) -> None:
         clock = StepClock()
+        # Made (or kept alive) now: a new producer's idempotent id takes 0.5-1 s to come, which
+        # it then spends while the batch is written rather than before the batch's first
+        # ledger entry (a Spark Connect query's foreachBatch process is new for each query).
+        self._producer()
         if "id" not in self.query:
             self.query["id"] = query_id(frame.sparkSession, self.checkpoint)
         previous = ledger.last(self.connection, self.ledger_topic)
