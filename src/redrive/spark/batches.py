@@ -193,13 +193,13 @@ class BatchBody:
         try:
             self._write_sink(processed.where(F.col("status") == OK).select("output.*"), batch_id)
             clock.done("write")
-            outcomes = _count_processed(processed)
+            outcomes, per_partition = _count_processed(processed, self.brake is not None)
             clock.done("count")
             routes: tuple[Routed, ...] = ()
             failed = (processed.where(F.col("status") == FAILED).select(*tasks.ROUTING_COLUMNS)
                       if any(o.status == FAILED for o in outcomes) else None)
             at_ms = self._judge(processed.where(F.col("status") != SKIPPED), failed, batch_id,
-                                clock)
+                                clock, per_partition)
             if failed is not None:
                 routes = (self._route_to_backend(failed, batch_id, resumed, clock, taken)
                           if self.backend is not None
@@ -503,15 +503,30 @@ def _outcomes_of(counted: Sequence[Mapping[str, Any]], routes: tuple[Routed, ...
     return tuple(outcomes)
 
 
-def _count_processed(processed: Any) -> tuple[Outcomes, ...]:
+def _count_processed(processed: Any, per_partition: bool = False
+                     ) -> tuple[tuple[Outcomes, ...], dict[tuple[str, int], int] | None]:
+    """The batch's outcomes by class; with `per_partition`, also its records that were not
+    skipped per partition (for the brake), counted by the same job."""
     F = functions(processed)
     early = F.when(F.col("due_ms").isNotNull() & (F.col("handled_ms") < F.col("due_ms")), 1)
-    rows = (processed.groupBy("status", "attempt", "topic", "skip_reason")
+    keys = ["status", "attempt", "topic", "skip_reason", *(["partition"] * per_partition)]
+    rows = (processed.groupBy(*keys)
             .agg(F.count(F.lit(1)).alias("n"), F.count(early).alias("early"),
                  F.sum("in_place").alias("in_place"))
             .collect())
-    return tuple(Outcomes(row["status"], row["attempt"], row["topic"], row["skip_reason"],
-                          row["n"], row["early"], row["in_place"] or 0) for row in rows)
+    classes: Counter[tuple[str, int, str, str | None]] = Counter()
+    early_n: Counter[tuple[str, int, str, str | None]] = Counter()
+    in_place: Counter[tuple[str, int, str, str | None]] = Counter()
+    partitions: Counter[tuple[str, int]] = Counter()
+    for row in rows:
+        key = (row["status"], row["attempt"], row["topic"], row["skip_reason"])
+        classes[key] += row["n"]
+        early_n[key] += row["early"]
+        in_place[key] += row["in_place"] or 0
+        if per_partition and row["status"] != SKIPPED:
+            partitions[(row["topic"], row["partition"])] += row["n"]
+    return (tuple(Outcomes(*key, n, early_n[key], in_place[key]) for key, n in classes.items()),
+            dict(partitions) if per_partition else None)
 
 
 def _samples(processed: Any) -> tuple[tuple[int, ...], tuple[float, ...]]:

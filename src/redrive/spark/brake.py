@@ -12,9 +12,9 @@ once, whoever starts it.
 
 What judging needs, with a limit only: the failed rows' routes, decided at the instant routing
 then uses (so both see the same routes), from the rows routing fetched already where they are few,
-else by a job; and the batch's records per partition: counted as the batch was written where the
-tally observed them and the batch has no dead letters, else by a job, with their offsets fetched
-where it has dead letters, whose places in the order count.
+else by a job; and the batch's records per partition: where the batch has no dead letters, the
+counts it makes anyway (the DataFrame form's observed tally, the per-record forms' outcome count),
+else their offsets, fetched by a job, whose places in the order count.
 """
 
 from __future__ import annotations

@@ -230,18 +230,23 @@ def test_a_stop_outlives_the_pipeline_that_tripped(spark: Any, bootstrap: str, n
     assert second.metrics.value("redrive_brake_trips_total", topic=topic) == 3
 
 
+@pytest.mark.parametrize("form", ["transform", "function"])
 def test_counts_carry_on_from_batch_to_batch(spark: Any, bootstrap: str, new_topic: Any,
-                                             unique_name: Any, tmp_path: Path) -> None:
+                                             unique_name: Any, tmp_path: Path,
+                                             form: str) -> None:
     """Three batches of three records: three dead letters, three successes (a batch without
-    dead letters, counted without their order), three dead letters. The successes end the run
-    of dead letters, so the limit of three in a row is never passed."""
+    dead letters, counted without their order: observed as the batch is written, or by the
+    per-record form's count), three dead letters. The successes end the run of dead letters,
+    so the limit of three in a row is never passed."""
     topic = new_topic(partitions=1)
     group = unique_name("scarry")
     dlt = f"{topic}.{group}.dlt"
     produce(bootstrap, topic, ["bad"] * 3 + ["ok"] * 3 + ["bad"] * 3)
-    policy = RetryPolicy(not_retryable=error_type("ParseError"),
+    policy = RetryPolicy(not_retryable=error_type("ParseError", ValueError),
                          dead_letter_limit=DeadLetterLimit(consecutive=3))
-    pipeline = RetryPipeline(spark, bootstrap, topic, group, policy, transform=transform,
+    shape: dict[str, Any] = ({"transform": transform} if form == "transform" else
+                             {"function": per_record, "output_schema": "key string"})
+    pipeline = RetryPipeline(spark, bootstrap, topic, group, policy, **shape,
                              sink=str(tmp_path / "out"), checkpoint=str(tmp_path / "cp"),
                              trigger_interval="300 milliseconds", max_offsets_per_trigger=3)
     stats = pipeline.run(until=lambda s: s.finished >= 9, timeout_s=180)
