@@ -95,10 +95,12 @@ class Stop:
         for name in ("group", "topic", "main"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise InvalidArgument(f"stop.{name}", getattr(self, name), "must be a name")
-        for name in ("partition", "offset", "at_ms", "cool_off_ms"):
+        numbers = ["partition", "offset", "at_ms"]
+        if self.cool_off_ms is not None:
+            numbers.append("cool_off_ms")
+        for name in numbers:
             value = getattr(self, name)
-            if (value is not None or name != "cool_off_ms") and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgument(f"stop.{name}", value, "must be an integer >= 0")
 
     @property
